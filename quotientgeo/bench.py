@@ -1,0 +1,130 @@
+"""``quotientgeo bench NAME``: benchmarks that report seconds and ratios measured in one run.
+
+Speed targets are checked here, never in unit tests: shared machines are noisy, so every
+benchmark times its contenders back to back in the same process and reports ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from .manifolds import GLQuotient
+
+
+def median_time(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall time of ``fn()`` in seconds over ``repeats`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def print_table(rows: list[tuple[str, str]]) -> None:
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+
+
+def _scipy_projection_loop(x: np.ndarray, u: np.ndarray, n: int) -> np.ndarray:
+    """What a user writes today: per head, Gram matrices and ``scipy.linalg.solve_sylvester``."""
+    from scipy.linalg import solve_sylvester
+
+    out = np.empty_like(u)
+    for i in range(x.shape[0]):
+        G, H, uG, uH = x[i, :n], x[i, n:], u[i, :n], u[i, n:]
+        P, Q = G.T @ G, H.T @ H
+        A = P @ Q
+        Lam = solve_sylvester(A, A, P @ H.T @ uH - uG.T @ G @ Q).T
+        out[i, :n] = uG + G @ Lam
+        out[i, n:] = uH - H @ Lam.T
+    return out
+
+
+def add_projection_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--heads", type=int, default=144, help="number of heads (batch)")
+    parser.add_argument("--n", type=int, default=769, help="rows of G (and of H)")
+    parser.add_argument("--h", type=int, default=64, help="head width")
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run_projection(args: argparse.Namespace) -> int:
+    """Horizontal projection of a BERT-base-sized stack: scipy loop vs batched inv/mix."""
+    dtype = getattr(torch, args.dtype)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(args.heads, 2 * args.n, args.h, generator=gen, dtype=dtype)
+    u = torch.randn(args.heads, 2 * args.n, args.h, generator=gen, dtype=dtype)
+    inv, mix = GLQuotient(args.n, "inv"), GLQuotient(args.n, "mix")
+    x_np, u_np = x.numpy(), u.numpy()
+    result: dict[str, object] = {
+        "heads": args.heads,
+        "n": args.n,
+        "m": args.n,
+        "h": args.h,
+        "dtype": args.dtype,
+        "threads": torch.get_num_threads(),
+    }
+    result["scipy_loop_s"] = median_time(
+        lambda: _scipy_projection_loop(x_np, u_np, args.n), repeats=max(1, args.repeats // 2)
+    )
+    result["inv_s"] = median_time(lambda: inv.proju(x, u), repeats=args.repeats)
+    result["mix_s"] = median_time(lambda: mix.proju(x, u), repeats=args.repeats)
+    inv_at, mix_at = inv.at(x), mix.at(x)
+    result["inv_cached_s"] = median_time(lambda: inv_at.proju(u), repeats=args.repeats)
+    result["mix_cached_s"] = median_time(lambda: mix_at.proju(u), repeats=args.repeats)
+    result["speedup"] = result["scipy_loop_s"] / result["inv_cached_s"]
+    result["speedup_uncached"] = result["scipy_loop_s"] / result["inv_s"]
+    result["inv_cached_over_mix_cached"] = result["inv_cached_s"] / result["mix_cached_s"]
+    agreement = inv_at.proju(u) - torch.from_numpy(_scipy_projection_loop(x_np, u_np, args.n))
+    result["max_rel_diff_vs_scipy"] = (agreement.norm() / inv_at.proju(u).norm()).item()
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(
+        f"horizontal projection, {args.heads} heads, n = m = {args.n}, h = {args.h}, "
+        f"{args.dtype}, {result['threads']} threads"
+    )
+    print_table(
+        [
+            ("scipy loop (Gram + solve_sylvester per head)", f"{result['scipy_loop_s']:.4f} s"),
+            ("inv, batched", f"{result['inv_s']:.4f} s"),
+            ("mix, batched", f"{result['mix_s']:.4f} s"),
+            ("inv, cached base point", f"{result['inv_cached_s']:.4f} s"),
+            ("mix, cached base point", f"{result['mix_cached_s']:.4f} s"),
+            ("scipy / inv  (target >= 4)", f"{result['speedup_uncached']:.1f}x"),
+            ("scipy / inv cached  (target >= 8)", f"{result['speedup']:.1f}x"),
+            ("inv cached / mix cached  (<= 1.3)", f"{result['inv_cached_over_mix_cached']:.2f}"),
+            ("relative difference to scipy", f"{result['max_rel_diff_vs_scipy']:.1e}"),
+        ]
+    )
+    return 0
+
+
+def _lazy(module: str):
+    """``(add_arguments, run)`` of a benchmark living in its own module, imported on use."""
+    import importlib
+
+    mod = importlib.import_module(f"quotientgeo.{module}")
+    return mod.add_arguments, mod.run
+
+
+COMMANDS: dict[str, tuple[Callable, Callable]] = {
+    "projection": (add_projection_arguments, run_projection),
+}
+for _name, _module in (("generic", "bench_generic"), ("sharpness", "bench_sharpness")):
+    try:
+        COMMANDS[_name] = _lazy(_module)
+    except ImportError:  # pragma: no cover - module written by another issue
+        pass

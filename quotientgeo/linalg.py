@@ -1,0 +1,117 @@
+"""Batched linear algebra used by the manifolds.
+
+Every function works on the trailing two dimensions and broadcasts over leading (batch)
+dimensions, like :mod:`torch.linalg`. Nothing here leaves the input's device or dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+Tensor = torch.Tensor
+
+
+def mT(a: Tensor) -> Tensor:
+    """Matrix transpose of the trailing two dimensions."""
+    return a.transpose(-1, -2)
+
+
+def sym(a: Tensor) -> Tensor:
+    """Symmetric part ``(A + Aᵀ) / 2``."""
+    return 0.5 * (a + mT(a))
+
+
+def gram(a: Tensor, eps: float = 0.0) -> Tensor:
+    """Relaxed Gram matrix ``AᵀA + eps·I`` of an ``(..., n, h)`` factor."""
+    g = mT(a) @ a
+    if eps:
+        g = g + eps * torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
+    return g
+
+
+def cholesky(spd: Tensor, what: str = "matrix") -> Tensor:
+    """Lower Cholesky factor, re-raising a failure as a ``ValueError`` that names ``what``."""
+    try:
+        return torch.linalg.cholesky(spd)
+    except torch.linalg.LinAlgError as err:
+        raise ValueError(
+            f"{what} is not positive definite: a factor is rank deficient (or nearly so). "
+            "Use full-column-rank factors, or relax the geometry with eps > 0 "
+            "(Gram matrices become GᵀG + eps·I)."
+        ) from err
+
+
+class SylvesterBasis(NamedTuple):
+    """Eigen-decomposition of the operator ``X ↦ A X + X A`` with ``A = P Q``.
+
+    ``A = V diag(d) V⁻¹`` with ``P = L Lᵀ``, ``Lᵀ Q L = U diag(d) Uᵀ`` and ``V = L U``, so ``A``
+    is diagonalisable with positive eigenvalues even though it is not symmetric.
+    """
+
+    V: Tensor
+    V_inv: Tensor
+    denom: Tensor  # d_i + d_j, shape (..., h, h)
+
+
+def sylvester_basis(P: Tensor, Q: Tensor, L: Tensor | None = None) -> SylvesterBasis:
+    """Precompute :class:`SylvesterBasis` for SPD ``P``, ``Q`` (one Cholesky, one ``eigh``)."""
+    if L is None:
+        L = cholesky(P, "GᵀG")
+    d, U = torch.linalg.eigh(mT(L) @ Q @ L)
+    V = L @ U
+    # V⁻¹ = Uᵀ L⁻¹ = (L⁻ᵀ U)ᵀ
+    V_inv = mT(torch.linalg.solve_triangular(mT(L), U, upper=True))
+    return SylvesterBasis(V, V_inv, d.unsqueeze(-1) + d.unsqueeze(-2))
+
+
+def solve_sylvester(basis: SylvesterBasis, B: Tensor) -> Tensor:
+    """Solve ``A X + X A = B`` for ``X`` with ``A = V diag(d) V⁻¹``.
+
+    In the eigenbasis the operator is diagonal: ``Y = (V⁻¹ B V) / (d_i + d_j)``, ``X = V Y V⁻¹``.
+    """
+    V, V_inv, denom = basis
+    return V @ ((V_inv @ B @ V) / denom) @ V_inv
+
+
+def conjugate_gradient(
+    apply_A: Callable[[Tensor], Tensor],
+    b: Tensor,
+    *,
+    event_dims: int,
+    rtol: float | None = None,
+    max_iter: int = 500,
+) -> Tensor:
+    """Batched conjugate gradients for SPD ``A``: solve ``A x = b``.
+
+    The trailing ``event_dims`` dimensions of ``b`` form one vector; leading dimensions are
+    independent systems, each with its own step sizes. Iterates until every system has
+    ``||r|| ≤ rtol·||b||`` (``rtol`` defaults to ``1e-13`` in float64 and ``1e-6`` otherwise).
+    Convergence is checked on the host once per iteration.
+    """
+    if rtol is None:
+        rtol = 1e-13 if b.dtype == torch.float64 else 1e-6
+    dims = tuple(range(-event_dims, 0))
+
+    def dot(u: Tensor, v: Tensor) -> Tensor:
+        return (u * v).sum(dim=dims, keepdim=True)
+
+    x = torch.zeros_like(b)
+    r = b.clone()
+    p = r.clone()
+    rr = dot(r, r)
+    threshold = (rtol**2) * rr
+    tiny = torch.finfo(b.dtype).tiny
+    for _ in range(max_iter):
+        if bool((rr <= threshold).all()):
+            break
+        Ap = apply_A(p)
+        alpha = rr / dot(p, Ap).clamp_min(tiny)
+        x = x + alpha * p
+        r = r - alpha * Ap
+        rr_new = dot(r, r)
+        p = r + (rr_new / rr.clamp_min(tiny)) * p
+        rr = rr_new
+    return x

@@ -1,0 +1,383 @@
+r"""Generic quotient manifold :math:`\mathcal M / \mathcal G` from a group action and a metric.
+
+A subclass supplies three primitives, each batched over leading dimensions:
+
+- ``lie_shape(x)``: the shape of a Lie-algebra element ``omega`` (dimension ``k = prod``);
+- ``vertical(x, omega)``: the infinitesimal action, a linear map ``omega ↦ V_x omega`` from
+  the Lie algebra to tangent vectors at ``x`` (its image is the vertical space);
+- ``metric(x, u)``: the metric as a linear operator ``u ↦ M(x) u``;
+
+and optionally ``metric_inv(x, v)`` (otherwise conjugate gradients on ``metric``) and the
+finite action ``act(x, g)`` / ``push(x, u, g)``. Everything else is derived:
+
+- inner product ``<u, v>_x = Σ u ⊙ M(x) v`` over the point's trailing ``ndim`` dimensions;
+- horizontal projection ``proj(u) = u - V ω`` with ``(V* M V) ω = V* M u`` (``V*`` the
+  Euclidean adjoint, obtained by a vector-Jacobian product). The ``k × k`` normal equations are
+  formed densely for ``k ≤ dense_max`` and solved by conjugate gradients otherwise;
+- Riemannian gradient ``proj(M⁻¹ ∇)``;
+- Christoffel contraction ``Γ(u, u) = M⁻¹ [DM(x)[u] u - ½ ∇ₓ(uᵀ M(x) u)]`` by forward- and
+  reverse-mode autodiff, and ``Γ(u, v) = ¼ [Γ(u+v, u+v) - Γ(u-v, u-v)]`` by polarisation;
+- retraction ``x + u``, second-order exponential map ``x + u - ½ Γ(u, u)``, exact exponential
+  map by RK4 on ``ẍ = -Γ(ẋ, ẋ)``, transport by horizontal projection at the new point.
+
+Subclasses with closed forms override the derived methods; :meth:`QuotientManifold.generic`
+returns a view that uses the derived (autodiff) path anyway, for testing the closed forms.
+
+Derived methods accept either a tensor ``x`` or a cached point ``m.at(x)``
+(:class:`AtPoint`), which computes everything that depends only on ``x`` once. Primitives
+always receive plain tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import torch
+from geoopt.manifolds.base import Manifold
+
+from ..linalg import cholesky, conjugate_gradient
+
+Tensor = torch.Tensor
+
+_REQUIRED = {
+    "lie_shape": "lie_shape(x) -> tuple, the shape of a Lie-algebra element",
+    "vertical": "vertical(x, omega) -> tangent vector, the infinitesimal action",
+    "metric": "metric(x, u) -> M(x) u, the metric as a linear operator",
+}
+
+
+class AtPoint:
+    """A base point with everything that depends only on it computed once.
+
+    ``m.at(x).proju(u)`` is ``m.proju(x, u)``, but Gram matrices, factorizations and bases are
+    computed on first use and reused by later calls. The point must not change in place while
+    an ``AtPoint`` of it is alive.
+    """
+
+    __slots__ = ("_cache", "manifold", "x")
+
+    def __init__(self, manifold, x: Tensor):
+        self.manifold = manifold
+        self.x = x
+        self._cache: dict[str, object] = {}
+
+    def cached(self, key: str, compute: Callable[[], object]):
+        """``compute()`` on first request of ``key``, the stored value afterwards."""
+        try:
+            return self._cache[key]
+        except KeyError:
+            value = self._cache[key] = compute()
+            return value
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.x.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.x.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+    def __getattr__(self, name: str):
+        return functools.partial(getattr(self.manifold, name), self)
+
+    def __repr__(self) -> str:
+        return f"AtPoint({self.manifold!r}, shape={tuple(self.x.shape)})"
+
+
+def as_tensor(x) -> Tensor:
+    """The tensor of a point given as a tensor or an :class:`AtPoint`."""
+    return x.x if isinstance(x, AtPoint) else x
+
+
+class QuotientManifold(Manifold):
+    """Base class of quotient manifolds given by an action and a metric (see module doc)."""
+
+    name = "Quotient"
+    ndim = 2
+    reversible = False
+
+    def __init__(self, *, exp_steps: int = 10, dense_max: int = 64):
+        super().__init__()
+        missing = [
+            f"{name}: {contract}"
+            for name, contract in _REQUIRED.items()
+            if getattr(type(self), name) is getattr(QuotientManifold, name)
+        ]
+        if missing:
+            raise TypeError(
+                f"{type(self).__name__} must define the quotient primitive(s) " + "; ".join(missing)
+            )
+        if exp_steps < 1:
+            raise ValueError(f"exp_steps must be a positive integer, got {exp_steps}")
+        self.exp_steps = int(exp_steps)
+        self.dense_max = int(dense_max)
+
+    # ------------------------------------------------------------------ primitives
+    def lie_shape(self, x: Tensor) -> tuple[int, ...]:
+        """Shape of a Lie-algebra element acting at ``x`` (without batch dimensions)."""
+        raise NotImplementedError
+
+    def vertical(self, x: Tensor, omega: Tensor) -> Tensor:
+        """Vertical vector ``V_x omega`` generated by the Lie-algebra element ``omega``."""
+        raise NotImplementedError
+
+    def metric(self, x: Tensor, u: Tensor) -> Tensor:
+        """``M(x) u``: the metric applied to a tangent vector (a linear map of ``u``)."""
+        raise NotImplementedError
+
+    def metric_inv(self, x: Tensor, v: Tensor) -> Tensor:
+        """``M(x)⁻¹ v``; by default conjugate gradients on :meth:`metric`."""
+        x = as_tensor(x)
+        return conjugate_gradient(lambda u: self.metric(x, u), v, event_dims=self.ndim)
+
+    def act(self, x: Tensor, g: Tensor) -> Tensor:
+        """Finite group action ``x ↦ g · x``."""
+        raise NotImplementedError(f"{type(self).__name__} defines no finite action act(x, g)")
+
+    def push(self, x: Tensor, u: Tensor, g: Tensor) -> Tensor:
+        """Differential of the action on a tangent vector ``u`` at ``x``."""
+        raise NotImplementedError(f"{type(self).__name__} defines no push(x, u, g)")
+
+    # ------------------------------------------------------------------ points
+    def at(self, x) -> AtPoint:
+        """The point ``x`` with its point-only quantities cached (see :class:`AtPoint`)."""
+        if isinstance(x, AtPoint) and x.manifold is self:
+            return x
+        x = as_tensor(x)
+        if not isinstance(x, Tensor):
+            raise TypeError(f"a point must be a torch.Tensor, got {type(x).__name__}")
+        if not x.dtype.is_floating_point:
+            raise ValueError(f"a point must have a floating dtype, got {x.dtype}")
+        ok, reason = self._check_shape(x.shape, "x")
+        if not ok:
+            raise ValueError(reason)
+        return AtPoint(self, x)
+
+    def _check_vector(self, p: AtPoint, u: Tensor, name: str = "u") -> None:
+        if not isinstance(u, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(u).__name__}")
+        event = p.x.shape[p.x.dim() - self.ndim :]
+        if u.shape[u.dim() - self.ndim :] != event or u.dim() < self.ndim:
+            raise ValueError(
+                f"{name} has shape {tuple(u.shape)}, incompatible with the point's shape "
+                f"{tuple(p.x.shape)} (trailing dimensions must match)"
+            )
+
+    def _reduce(self, a: Tensor, keepdim: bool) -> Tensor:
+        return a.sum(dim=tuple(range(-self.ndim, 0)), keepdim=keepdim)
+
+    # ------------------------------------------------------------------ metric
+    def inner(self, x, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False) -> Tensor:
+        """``<u, v>_x = Σ u ⊙ M(x) v``."""
+        p = self.at(x)
+        self._check_vector(p, u)
+        v = u if v is None else v
+        return self._reduce(u * self.metric(p.x, v), keepdim)
+
+    def component_inner(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
+        return self.inner(x, u, v, keepdim=True)
+
+    def norm(self, x, u: Tensor, *, keepdim: bool = False) -> Tensor:
+        """``||u||_x = sqrt(<u, u>_x)``."""
+        return self.inner(x, u, keepdim=keepdim).clamp_min(0).sqrt()
+
+    # ------------------------------------------------------------------ projection
+    def proju(self, x, u: Tensor) -> Tensor:
+        """Horizontal projection ``u - V ω`` with ``(V* M V) ω = V* M u``."""
+        p = self.at(x)
+        self._check_vector(p, u)
+        k = math.prod(self.lie_shape(p.x))
+        if k == 0:
+            return u
+        if k <= self.dense_max:
+            basis, m_basis, chol = p.cached("vertical_gram", lambda: self._vertical_gram(p.x))
+            flat = (-1, *p.x.shape[: p.x.dim() - self.ndim], math.prod(p.x.shape[-self.ndim :]))
+            rhs = torch.einsum("k...e,...e->...k", m_basis.reshape(flat), u.reshape(flat[1:]))
+            omega = torch.cholesky_solve(rhs.unsqueeze(-1), chol).squeeze(-1)
+            return u - torch.einsum("...k,k...e->...e", omega, basis.reshape(flat)).reshape(u.shape)
+        vertical, adjoint, metric = p.cached("linear_maps", lambda: self._linear_maps(p.x))
+        omega = conjugate_gradient(
+            lambda w: adjoint(metric(vertical(w))),
+            adjoint(metric(u)),
+            event_dims=len(self.lie_shape(p.x)),
+        )
+        return u - vertical(omega)
+
+    def _lie_zeros(self, x: Tensor) -> Tensor:
+        batch = x.shape[: x.dim() - self.ndim]
+        return x.new_zeros(*batch, *self.lie_shape(x))
+
+    def _vertical_gram(self, x: Tensor):
+        """Vertical basis ``V e_i``, ``M V e_i`` and the Cholesky factor of ``V* M V``."""
+        lie = self.lie_shape(x)
+        batch = x.shape[: x.dim() - self.ndim]
+        k = math.prod(lie)
+        eye = torch.eye(k, dtype=x.dtype, device=x.device)
+        omegas = eye.reshape(k, *[1] * len(batch), *lie).expand(k, *batch, *lie)
+        basis = torch.func.vmap(lambda w: self.vertical(x, w))(omegas)
+        m_basis = torch.func.vmap(lambda b: self.metric(x, b))(basis)
+        flat = (k, *x.shape[: x.dim() - self.ndim], -1)
+        gram = torch.einsum("i...e,j...e->...ij", basis.reshape(flat), m_basis.reshape(flat))
+        chol = cholesky(0.5 * (gram + gram.transpose(-1, -2)), "the vertical Gram matrix V*MV")
+        return basis, m_basis, chol
+
+    def _linear_maps(self, x: Tensor):
+        """``ω ↦ V ω``, its adjoint ``w ↦ V* w`` and ``u ↦ M u``, traced once at ``x``."""
+        zeros = self._lie_zeros(x)
+        _, vertical = torch.func.linearize(lambda w: self.vertical(x, w), zeros)
+        _, adjoint_fn = torch.func.vjp(lambda w: self.vertical(x, w), zeros)
+        _, metric = torch.func.linearize(lambda u: self.metric(x, u), torch.zeros_like(x))
+        return vertical, lambda w: adjoint_fn(w)[0], metric
+
+    def egrad2rgrad(self, x, u: Tensor) -> Tensor:
+        """Riemannian gradient ``proj(M⁻¹ ∇)`` from the Euclidean gradient ``∇``."""
+        p = self.at(x)
+        self._check_vector(p, u, "the gradient")
+        return self.proju(p, self.metric_inv(p.x, u))
+
+    # ------------------------------------------------------------------ geodesics
+    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
+        """Christoffel contraction ``Γ(u, v)`` (``v=None``: ``Γ(u, u)``)."""
+        if v is not None:
+            return 0.25 * (self.christoffel(x, u + v) - self.christoffel(x, u - v))
+        p = self.at(x)
+        self._check_vector(p, u)
+        X = p.x
+
+        def apply_metric(y: Tensor) -> Tensor:
+            return self.metric(y, u)
+
+        _, dM_u_u = torch.func.jvp(apply_metric, (X,), (u,))
+        _, vjp_fn = torch.func.vjp(apply_metric, X)
+        (grad_uMu,) = vjp_fn(u)
+        return self.metric_inv(X, dM_u_u - 0.5 * grad_uMu)
+
+    def retr(self, x, u: Tensor) -> Tensor:
+        """First-order retraction ``x + u``."""
+        return as_tensor(x) + u
+
+    def expmap2(self, x, u: Tensor) -> Tensor:
+        """Second-order approximation of the exponential map ``x + u - ½ Γ(u, u)``."""
+        return as_tensor(x) + u - 0.5 * self.christoffel(x, u)
+
+    def expmap(self, x, u: Tensor, *, steps: int | None = None) -> Tensor:
+        """Exact exponential map: RK4 on ``ẍ = -Γ(ẋ, ẋ)`` over ``t ∈ [0, 1]``."""
+        return self.geodesic(x, u, steps=steps)[0]
+
+    def geodesic(self, x, u: Tensor, *, steps: int | None = None) -> tuple[Tensor, Tensor]:
+        """End point and end velocity ``(γ(1), γ'(1))`` of the geodesic from ``(x, u)``, RK4."""
+        steps = self.exp_steps if steps is None else int(steps)
+        h = 1.0 / steps
+        y, v = as_tensor(x), u
+
+        def accel(y: Tensor, v: Tensor) -> Tensor:
+            return -self.christoffel(y, v)
+
+        for _ in range(steps):
+            k1y, k1v = v, accel(y, v)
+            k2y, k2v = v + 0.5 * h * k1v, accel(y + 0.5 * h * k1y, v + 0.5 * h * k1v)
+            k3y, k3v = v + 0.5 * h * k2v, accel(y + 0.5 * h * k2y, v + 0.5 * h * k2v)
+            k4y, k4v = v + h * k3v, accel(y + h * k3y, v + h * k3v)
+            y = y + (h / 6) * (k1y + 2 * k2y + 2 * k3y + k4y)
+            v = v + (h / 6) * (k1v + 2 * k2v + 2 * k3v + k4v)
+        return y, v
+
+    # ------------------------------------------------------------------ transport
+    def transp(self, x, y: Tensor, v: Tensor) -> Tensor:
+        """Vector transport by horizontal projection at the new point ``y``."""
+        return self.proju(y, v)
+
+    def retr_transp(self, x, u: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        y = self.retr(x, u)
+        return y, self.transp(x, y, v)
+
+    def expmap_transp(self, x, u: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        y = self.expmap(x, u)
+        return y, self.transp(x, y, v)
+
+    def transp_follow_retr(self, x, u: Tensor, v: Tensor) -> Tensor:
+        return self.retr_transp(x, u, v)[1]
+
+    def transp_follow_expmap(self, x, u: Tensor, v: Tensor) -> Tensor:
+        return self.expmap_transp(x, u, v)[1]
+
+    def projx(self, x: Tensor) -> Tensor:
+        """Every admissible point represents itself: the identity."""
+        return x
+
+    # ------------------------------------------------------------------ not available
+    def dist(self, x, y, *, keepdim=False):
+        raise NotImplementedError(
+            f"{self.name}: no closed form is known for the quotient distance; "
+            "use expmap/expmap2 and norms of tangent vectors instead"
+        )
+
+    def logmap(self, x, y):
+        raise NotImplementedError(
+            f"{self.name}: no closed form is known for the logarithm map of this quotient"
+        )
+
+    # ------------------------------------------------------------------ checks
+    def _check_point_on_manifold(self, x, *, atol=1e-5, rtol=1e-5):
+        x = as_tensor(x)
+        if not bool(torch.isfinite(x).all()):
+            return False, "the point has non-finite entries"
+        return True, None
+
+    def _check_vector_on_tangent(self, x, u, *, atol=1e-5, rtol=1e-5):
+        """Horizontality: ``||u - proj(u)||_x ≤ atol + rtol ||u||_x``."""
+        p = self.at(x)
+        gap = self.norm(p, u - self.proju(p, u))
+        bound = atol + rtol * self.norm(p, u)
+        if bool((gap <= bound).all()):
+            return True, None
+        return False, f"vector is not horizontal: max ||u - proj(u)|| = {gap.max().item():.3e}"
+
+    # ------------------------------------------------------------------ generic path
+    def generic(self) -> GenericPath:
+        """This manifold computed through the generic (autodiff) path of the base class."""
+        return GenericPath(self)
+
+
+_DERIVED = (
+    "at",
+    "inner",
+    "component_inner",
+    "norm",
+    "proju",
+    "egrad2rgrad",
+    "metric_inv",
+    "christoffel",
+    "retr",
+    "expmap2",
+    "expmap",
+    "geodesic",
+    "transp",
+    "_check_vector_on_tangent",
+)
+
+
+class GenericPath:
+    """A view of a :class:`QuotientManifold` whose derived methods are the base-class ones.
+
+    Only the primitives (``lie_shape``, ``vertical``, ``metric``, the action) of the wrapped
+    manifold are used, so comparing ``m.generic().proju(x, u)`` with ``m.proju(x, u)`` checks
+    a closed form against an independent computation.
+    """
+
+    def __init__(self, manifold: QuotientManifold):
+        self._manifold = manifold
+
+    def __getattr__(self, name: str):
+        if name in _DERIVED:
+            return getattr(QuotientManifold, name).__get__(self)
+        return getattr(self._manifold, name)
+
+    def __repr__(self) -> str:
+        return f"GenericPath({self._manifold!r})"
