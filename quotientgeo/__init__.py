@@ -4,7 +4,17 @@ Quotient manifolds of parameter symmetries as :class:`geoopt.Manifold` subclasse
 geodesic sharpness of whole models measured on them (da Silva, Dangel & Oore, ICML 2025).
 """
 
-from .manifolds import AdaptiveGeometry, AtPoint, GLQuotient, QuotientManifold, RescaleQuotient
+from .geometry import ParameterGeometry, Source, find_symmetries
+from .manifolds import (
+    AdaptiveGeometry,
+    AtPoint,
+    GLQuotient,
+    InterpolatedGLQuotient,
+    QuotientManifold,
+    RescaleQuotient,
+    ScaleQuotient,
+)
+from .sharpness import SharpnessResult, adaptive_sharpness, average_sharpness, geodesic_sharpness
 
 __version__ = "0.1.0"
 
@@ -12,7 +22,16 @@ __all__ = [
     "AdaptiveGeometry",
     "AtPoint",
     "GLQuotient",
+    "InterpolatedGLQuotient",
+    "ParameterGeometry",
     "QuotientManifold",
     "RescaleQuotient",
+    "ScaleQuotient",
+    "SharpnessResult",
+    "Source",
     "__version__",
+    "adaptive_sharpness",
+    "average_sharpness",
+    "find_symmetries",
+    "geodesic_sharpness",
 ]

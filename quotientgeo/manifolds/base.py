@@ -7,8 +7,9 @@ A subclass supplies three primitives, each batched over leading dimensions:
   the Lie algebra to tangent vectors at ``x`` (its image is the vertical space);
 - ``metric(x, u)``: the metric as a linear operator ``u ↦ M(x) u``;
 
-and optionally ``metric_inv(x, v)`` (otherwise conjugate gradients on ``metric``) and the
-finite action ``act(x, g)`` / ``push(x, u, g)``. Everything else is derived:
+and optionally ``metric_inv(x, v)`` (otherwise conjugate gradients on ``metric``),
+``precondition(x, r)`` (an approximate inverse of ``V* M V`` for the iterative projection) and
+the finite action ``act(x, g)`` / ``push(x, u, g)``. Everything else is derived:
 
 - inner product ``<u, v>_x = Σ u ⊙ M(x) v`` over the point's trailing ``ndim`` dimensions;
 - horizontal projection ``proj(u) = u - V ω`` with ``(V* M V) ω = V* M u`` (``V*`` the
@@ -25,7 +26,9 @@ returns a view that uses the derived (autodiff) path anyway, for testing the clo
 
 Derived methods accept either a tensor ``x`` or a cached point ``m.at(x)``
 (:class:`AtPoint`), which computes everything that depends only on ``x`` once. Primitives
-always receive plain tensors.
+receive plain tensors, unless the class sets ``point_aware = True``: then they receive the
+cached point (read the tensor with :func:`as_tensor`, store point-only quantities with
+``x.cached(key, compute)``), so a projection at a fixed point does not recompute them.
 """
 
 from __future__ import annotations
@@ -101,6 +104,7 @@ class QuotientManifold(Manifold):
     name = "Quotient"
     ndim = 2
     reversible = False
+    point_aware = False  # primitives accept an AtPoint (see the module docstring)
 
     def __init__(self, *, exp_steps: int = 10, dense_max: int = 64):
         super().__init__()
@@ -133,8 +137,15 @@ class QuotientManifold(Manifold):
 
     def metric_inv(self, x: Tensor, v: Tensor) -> Tensor:
         """``M(x)⁻¹ v``; by default conjugate gradients on :meth:`metric`."""
-        x = as_tensor(x)
         return conjugate_gradient(lambda u: self.metric(x, u), v, event_dims=self.ndim)
+
+    def precondition(self, x: Tensor, r: Tensor) -> Tensor:
+        """Approximate inverse of the normal operator ``ω ↦ V* M V ω`` (default: identity).
+
+        Only the iterative projection (``k > dense_max``) uses it; a good one saves most of
+        the conjugate-gradient iterations.
+        """
+        return r
 
     def act(self, x: Tensor, g: Tensor) -> Tensor:
         """Finite group action ``x ↦ g · x``."""
@@ -147,7 +158,7 @@ class QuotientManifold(Manifold):
     # ------------------------------------------------------------------ points
     def at(self, x) -> AtPoint:
         """The point ``x`` with its point-only quantities cached (see :class:`AtPoint`)."""
-        if isinstance(x, AtPoint) and x.manifold is self:
+        if isinstance(x, AtPoint) and (x.manifold is self or x.manifold.generic_of is self):
             return x
         x = as_tensor(x)
         if not isinstance(x, Tensor):
@@ -162,12 +173,25 @@ class QuotientManifold(Manifold):
     def _check_vector(self, p: AtPoint, u: Tensor, name: str = "u") -> None:
         if not isinstance(u, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(u).__name__}")
+        if u.dtype != p.x.dtype:
+            raise ValueError(
+                f"{name} has dtype {u.dtype}; it must be floating, with the point's {p.x.dtype}"
+            )
         event = p.x.shape[p.x.dim() - self.ndim :]
         if u.shape[u.dim() - self.ndim :] != event or u.dim() < self.ndim:
             raise ValueError(
                 f"{name} has shape {tuple(u.shape)}, incompatible with the point's shape "
                 f"{tuple(p.x.shape)} (trailing dimensions must match)"
             )
+
+    @property
+    def generic_of(self) -> QuotientManifold | None:
+        """The manifold this is the generic view of (``None``: not a view)."""
+        return None
+
+    def _point(self, p: AtPoint):
+        """What the primitives receive: the cached point if ``point_aware``, else its tensor."""
+        return p if self.point_aware else p.x
 
     def _reduce(self, a: Tensor, keepdim: bool) -> Tensor:
         return a.sum(dim=tuple(range(-self.ndim, 0)), keepdim=keepdim)
@@ -178,7 +202,7 @@ class QuotientManifold(Manifold):
         p = self.at(x)
         self._check_vector(p, u)
         v = u if v is None else v
-        return self._reduce(u * self.metric(p.x, v), keepdim)
+        return self._reduce(u * self.metric(self._point(p), v), keepdim)
 
     def component_inner(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
         return self.inner(x, u, v, keepdim=True)
@@ -196,50 +220,51 @@ class QuotientManifold(Manifold):
         if k == 0:
             return u
         if k <= self.dense_max:
-            basis, m_basis, chol = p.cached("vertical_gram", lambda: self._vertical_gram(p.x))
+            basis, m_basis, chol = p.cached("vertical_gram", lambda: self._vertical_gram(p))
             flat = (-1, *p.x.shape[: p.x.dim() - self.ndim], math.prod(p.x.shape[-self.ndim :]))
             rhs = torch.einsum("k...e,...e->...k", m_basis.reshape(flat), u.reshape(flat[1:]))
             omega = torch.cholesky_solve(rhs.unsqueeze(-1), chol).squeeze(-1)
             return u - torch.einsum("...k,k...e->...e", omega, basis.reshape(flat)).reshape(u.shape)
-        vertical, adjoint, metric = p.cached("linear_maps", lambda: self._linear_maps(p.x))
+        x = self._point(p)
+        adjoint = p.cached("vertical_adjoint", lambda: self._vertical_adjoint(p))
         omega = conjugate_gradient(
-            lambda w: adjoint(metric(vertical(w))),
-            adjoint(metric(u)),
+            lambda w: adjoint(self.metric(x, self.vertical(x, w))),
+            adjoint(self.metric(x, u)),
             event_dims=len(self.lie_shape(p.x)),
+            precondition=lambda r: self.precondition(x, r),
         )
-        return u - vertical(omega)
+        return u - self.vertical(x, omega)
 
     def _lie_zeros(self, x: Tensor) -> Tensor:
         batch = x.shape[: x.dim() - self.ndim]
         return x.new_zeros(*batch, *self.lie_shape(x))
 
-    def _vertical_gram(self, x: Tensor):
+    def _vertical_gram(self, p: AtPoint):
         """Vertical basis ``V e_i``, ``M V e_i`` and the Cholesky factor of ``V* M V``."""
-        lie = self.lie_shape(x)
-        batch = x.shape[: x.dim() - self.ndim]
+        lie = self.lie_shape(p.x)
+        batch = p.x.shape[: p.x.dim() - self.ndim]
+        x = self._point(p)
         k = math.prod(lie)
-        eye = torch.eye(k, dtype=x.dtype, device=x.device)
+        eye = torch.eye(k, dtype=p.x.dtype, device=p.x.device)
         omegas = eye.reshape(k, *[1] * len(batch), *lie).expand(k, *batch, *lie)
         basis = torch.func.vmap(lambda w: self.vertical(x, w))(omegas)
         m_basis = torch.func.vmap(lambda b: self.metric(x, b))(basis)
-        flat = (k, *x.shape[: x.dim() - self.ndim], -1)
+        flat = (k, *batch, -1)
         gram = torch.einsum("i...e,j...e->...ij", basis.reshape(flat), m_basis.reshape(flat))
         chol = cholesky(0.5 * (gram + gram.transpose(-1, -2)), "the vertical Gram matrix V*MV")
         return basis, m_basis, chol
 
-    def _linear_maps(self, x: Tensor):
-        """``ω ↦ V ω``, its adjoint ``w ↦ V* w`` and ``u ↦ M u``, traced once at ``x``."""
-        zeros = self._lie_zeros(x)
-        _, vertical = torch.func.linearize(lambda w: self.vertical(x, w), zeros)
-        _, adjoint_fn = torch.func.vjp(lambda w: self.vertical(x, w), zeros)
-        _, metric = torch.func.linearize(lambda u: self.metric(x, u), torch.zeros_like(x))
-        return vertical, lambda w: adjoint_fn(w)[0], metric
+    def _vertical_adjoint(self, p: AtPoint):
+        """The Euclidean adjoint ``w ↦ V* w`` of the (linear) vertical map, by a VJP."""
+        x = self._point(p)
+        _, adjoint_fn = torch.func.vjp(lambda w: self.vertical(x, w), self._lie_zeros(p.x))
+        return lambda w: adjoint_fn(w)[0]
 
     def egrad2rgrad(self, x, u: Tensor) -> Tensor:
         """Riemannian gradient ``proj(M⁻¹ ∇)`` from the Euclidean gradient ``∇``."""
         p = self.at(x)
         self._check_vector(p, u, "the gradient")
-        return self.proju(p, self.metric_inv(p.x, u))
+        return self.proju(p, self.metric_inv(self._point(p), u))
 
     # ------------------------------------------------------------------ geodesics
     def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
@@ -256,7 +281,7 @@ class QuotientManifold(Manifold):
         _, dM_u_u = torch.func.jvp(apply_metric, (X,), (u,))
         _, vjp_fn = torch.func.vjp(apply_metric, X)
         (grad_uMu,) = vjp_fn(u)
-        return self.metric_inv(X, dM_u_u - 0.5 * grad_uMu)
+        return self.metric_inv(self._point(p), dM_u_u - 0.5 * grad_uMu)
 
     def retr(self, x, u: Tensor) -> Tensor:
         """First-order retraction ``x + u``."""
@@ -273,17 +298,28 @@ class QuotientManifold(Manifold):
     def geodesic(self, x, u: Tensor, *, steps: int | None = None) -> tuple[Tensor, Tensor]:
         """End point and end velocity ``(γ(1), γ'(1))`` of the geodesic from ``(x, u)``, RK4."""
         steps = self.exp_steps if steps is None else int(steps)
+        if steps < 1:
+            raise ValueError(f"steps must be a positive integer, got {steps}")
+        self._check_vector(self.at(x), u)
         h = 1.0 / steps
         y, v = as_tensor(x), u
 
         def accel(y: Tensor, v: Tensor) -> Tensor:
             return -self.christoffel(y, v)
 
-        for _ in range(steps):
-            k1y, k1v = v, accel(y, v)
-            k2y, k2v = v + 0.5 * h * k1v, accel(y + 0.5 * h * k1y, v + 0.5 * h * k1v)
-            k3y, k3v = v + 0.5 * h * k2v, accel(y + 0.5 * h * k2y, v + 0.5 * h * k2v)
-            k4y, k4v = v + h * k3v, accel(y + h * k3y, v + h * k3v)
+        acceleration = accel(y, v)  # at the start point: its errors are the point's own
+        for step in range(steps):
+            try:
+                k1y, k1v = v, acceleration if step == 0 else accel(y, v)
+                k2y, k2v = v + 0.5 * h * k1v, accel(y + 0.5 * h * k1y, v + 0.5 * h * k1v)
+                k3y, k3v = v + 0.5 * h * k2v, accel(y + 0.5 * h * k2y, v + 0.5 * h * k2v)
+                k4y, k4v = v + h * k3v, accel(y + h * k3y, v + h * k3v)
+            except ValueError as err:
+                raise ValueError(
+                    f"the geodesic left the manifold during RK4 step {step + 1}/{steps} (the "
+                    "tangent vector is too long for this point, or the step count too low): "
+                    "use a shorter vector or more steps"
+                ) from err
             y = y + (h / 6) * (k1y + 2 * k2y + 2 * k3y + k4y)
             v = v + (h / 6) * (k1v + 2 * k2v + 2 * k3v + k4v)
         return y, v
@@ -373,6 +409,10 @@ class GenericPath:
 
     def __init__(self, manifold: QuotientManifold):
         self._manifold = manifold
+
+    @property
+    def generic_of(self) -> QuotientManifold:
+        return self._manifold
 
     def __getattr__(self, name: str):
         if name in _DERIVED:

@@ -52,6 +52,7 @@ class GLQuotient(QuotientManifold):
 
     name = "GLQuotient"
     ndim = 2
+    point_aware = True
 
     def __init__(self, n: int, metric: str = "inv", eps: float = 0.0, *, exp_steps: int = 10):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -114,10 +115,11 @@ class GLQuotient(QuotientManifold):
     def _inverses(self, p: AtPoint) -> tuple[Tensor, Tensor]:
         LP, LQ = self._cholesky(p)
 
-        # cholesky_solve rather than cholesky_inverse: the latter's forward-mode AD is wrong in
-        # torch 2.x, and the generic (torch.func.jvp) path differentiates through this.
+        # cholesky_solve of an expanded identity rather than cholesky_inverse or a broadcast
+        # identity: forward-mode AD of those is wrong in torch 2.x, and the generic path
+        # (torch.func.jvp) differentiates through this.
         def compute():
-            eye = torch.eye(LP.shape[-1], dtype=LP.dtype, device=LP.device)
+            eye = torch.eye(LP.shape[-1], dtype=LP.dtype, device=LP.device).expand(LP.shape)
             return torch.cholesky_solve(eye, LP), torch.cholesky_solve(eye, LQ)
 
         return p.cached("inverses", compute)
@@ -135,6 +137,13 @@ class GLQuotient(QuotientManifold):
         """``(-G Ω, H Ωᵀ)``."""
         G, H = self.split(x)
         return self.join(-G @ omega, H @ mT(omega))
+
+    def precondition(self, x, r: Tensor) -> Tensor:
+        """mix: ``½ P⁻¹ r Q⁻¹``, the exact inverse of ``V* M V: Ω ↦ 2 P Ω Q`` (at ``eps = 0``)."""
+        if self.metric_name == "inv":
+            return r
+        P_inv, Q_inv = self._inverses(self.at(x))
+        return 0.5 * P_inv @ r @ Q_inv
 
     def act(self, x, A: Tensor) -> Tensor:
         """``(G, H) ↦ (G A⁻¹, H Aᵀ)`` for ``A`` of shape ``(..., h, h)``."""
@@ -248,20 +257,28 @@ class GLQuotient(QuotientManifold):
         return torch.cat([eye(self.n), eye(rows - self.n)], dim=-2).expand(*size).clone()
 
 
-def _gamma_inv(F: Tensor, F_inv: Tensor, u: Tensor, v: Tensor) -> Tensor:
-    """inv factor part, polarised: ``F W⁻¹ sym(uᵀv) - u W⁻¹ sym(vᵀF) - v W⁻¹ sym(uᵀF)``."""
-    uF = mT(u) @ F
-    vF = uF if v is u else mT(v) @ F
-    return F @ (F_inv @ sym(mT(u) @ v)) - u @ (F_inv @ sym(vF)) - v @ (F_inv @ sym(uF))
+def _gamma_inv(F: Tensor, W_inv: Tensor, u: Tensor, v: Tensor) -> Tensor:
+    """inv factor part, polarised: ``F W⁻¹ sym(uᵀv) - u W⁻¹ sym(vᵀF) - v W⁻¹ sym(uᵀF)``.
+
+    ``W`` is the Gram matrix of ``F``; for ``v is u`` the two last terms are one product.
+    """
+    Su = W_inv @ sym(mT(u) @ F)
+    if v is u:
+        return F @ (W_inv @ (mT(u) @ u)) - u @ (2 * Su)
+    Sv = W_inv @ sym(mT(v) @ F)
+    return F @ (W_inv @ sym(mT(u) @ v)) - u @ Sv - v @ Su
 
 
 def _gamma_mix(
     F: Tensor, W_inv: Tensor, uF: Tensor, vF: Tensor, K: Tensor, uK: Tensor, vK: Tensor
 ) -> Tensor:
-    """mix factor part: ``[u_F sym(v_Kᵀ K) + v_F sym(u_Kᵀ K) - F sym(u_Kᵀ v_K)] W⁻¹``, polarised.
+    """mix factor part, polarised: ``[u_F sym(v_Kᵀ K) + v_F sym(u_Kᵀ K) - F sym(u_Kᵀ v_K)] W⁻¹``.
 
-    ``W`` is the Gram matrix of the other factor ``K``.
+    ``W`` is the Gram matrix of the other factor ``K``; ``W⁻¹`` is folded into the ``h × h``
+    factors, and for ``v is u`` the first two terms are one product.
     """
-    SuK = sym(mT(uK) @ K)
-    SvK = SuK if vK is uK else sym(mT(vK) @ K)
-    return (uF @ SvK + vF @ SuK - F @ sym(mT(uK) @ vK)) @ W_inv
+    SuK = sym(mT(uK) @ K) @ W_inv
+    if vF is uF:
+        return uF @ (2 * SuK) - F @ ((mT(uK) @ uK) @ W_inv)
+    SvK = sym(mT(vK) @ K) @ W_inv
+    return uF @ SvK + vF @ SuK - F @ (sym(mT(uK) @ vK) @ W_inv)

@@ -32,6 +32,7 @@ class RescaleQuotient(QuotientManifold):
 
     name = "RescaleQuotient"
     ndim = 2
+    point_aware = True
 
     def __init__(self, metric: str = "inv", *, exp_steps: int = 10):
         if metric not in ("inv", "mix"):

@@ -1,0 +1,177 @@
+r"""Positive scaling of a weight block: the symmetry of weights that feed a normalization layer."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .base import QuotientManifold, as_tensor
+
+Tensor = torch.Tensor
+
+__all__ = ["ScaleQuotient"]
+
+
+class ScaleQuotient(QuotientManifold):
+    r"""Quotient of non-zero weight blocks by positive scaling ``w ~ a·w``, ``a > 0``.
+
+    A layer followed by a normalization (BatchNorm, LayerNorm, weight normalization) computes
+    the same function for ``w`` and ``a·w``. A point is a tensor of shape ``(..., *block)``
+    whose trailing ``ndim`` dimensions form one block (``ndim=1``: each row of a weight matrix
+    scales on its own, as in front of BatchNorm; ``ndim=2``: the whole matrix, as in front of
+    LayerNorm); leading dimensions are batch dimensions. With ``r² = ||w||²`` over the block:
+
+    - action ``w ↦ a w`` (``a`` of shape ``(...)``), push ``ξ ↦ a ξ``; vertical ``ω w``
+      (``ω`` a scalar per block, Lie algebra of dimension ``k = 1``);
+    - metric ``<η, ζ>_w = Σ η ζ / r²``: invariant because the action scales ``η``, ``ζ`` and
+      ``r`` by the same ``a``. In log-polar coordinates ``w = e^ρ θ`` (``|θ| = 1``) it is the
+      product metric ``dρ² + |dθ|²`` of a cylinder ``R × S^{d-1}``, and the quotient is the
+      unit sphere with its round metric;
+    - horizontal space ``<w, ξ> = 0``; projection ``ξ - (<w, ξ> / r²) w``;
+    - Riemannian gradient ``proj(r² ∇)``;
+    - Christoffel contraction ``Γ(u, v) = [(u·v) w - (w·u) v - (w·v) u] / r²`` (the conformally
+      flat metric ``e^{2φ} I`` with ``φ = -log r``);
+    - exact geodesic (product of a line and a great circle): with ``α = <w, u> / r²``,
+      ``u_⊥ = u - α w`` and ``ν = |u_⊥| / r``, ``Exp_w(u) = e^α (cos ν · w + sinc ν · u_⊥)``;
+      for horizontal ``u`` the norm ``r`` is preserved.
+
+    Only the primitives ``lie_shape``, ``vertical``, ``metric`` are needed; the closed forms
+    above override the generic (autodiff) path of :class:`QuotientManifold`, which
+    :meth:`generic` still reaches for testing.
+
+    Args:
+        ndim: number of trailing dimensions that form one scaled block.
+        exp_steps: RK4 steps of :meth:`geodesic` (:meth:`expmap` is exact).
+    """
+
+    name = "ScaleQuotient"
+    ndim = 1
+
+    point_aware = True
+
+    def __init__(self, ndim: int = 1, *, exp_steps: int = 10):
+        if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 1:
+            raise ValueError(
+                f"ndim must be a positive integer (dimensions of a block), got {ndim!r}"
+            )
+        super().__init__(exp_steps=exp_steps)
+        self.ndim = ndim
+
+    def extra_repr(self) -> str:
+        return f"ndim={self.ndim}"
+
+    def _check_shape(self, shape, name):
+        if len(shape) < self.ndim:
+            return False, (
+                f"{name} must have at least ndim={self.ndim} dimensions (the block), "
+                f"got {tuple(shape)}"
+            )
+        if math.prod(shape[len(shape) - self.ndim :]) == 0:
+            return False, f"{name} has an empty block: {tuple(shape)}"
+        return True, None
+
+    def _expand(self, a: Tensor) -> Tensor:
+        """A per-block scalar of shape ``(...)`` viewed as ``(..., 1, ..., 1)``."""
+        return a.reshape(*a.shape, *[1] * self.ndim)
+
+    def _sqnorm(self, x: Tensor) -> Tensor:
+        """``r² = ||w||²`` per block, keeping the block dimensions (size 1)."""
+        return self._reduce(x.square(), keepdim=True)
+
+    def _dot(self, a: Tensor, b: Tensor) -> Tensor:
+        return self._reduce(a * b, keepdim=True)
+
+    # ------------------------------------------------------------------ primitives
+    def lie_shape(self, x) -> tuple[()]:
+        return ()
+
+    def vertical(self, x, omega: Tensor) -> Tensor:
+        """``ω w``."""
+        return self._expand(omega) * as_tensor(x)
+
+    def metric(self, x, u: Tensor) -> Tensor:
+        """``u / r²``."""
+        return u / self._sqnorm(as_tensor(x))
+
+    def metric_inv(self, x, v: Tensor) -> Tensor:
+        """``r² v``."""
+        return v * self._sqnorm(as_tensor(x))
+
+    def act(self, x, a: Tensor) -> Tensor:
+        """``w ↦ a w`` for ``a > 0`` of shape ``(...)``."""
+        return self._expand(a) * as_tensor(x)
+
+    def push(self, x, u: Tensor, a: Tensor) -> Tensor:
+        """Differential of the action: ``ξ ↦ a ξ``."""
+        return self._expand(a) * u
+
+    # ------------------------------------------------------------------ closed forms
+    def inner(self, x, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False) -> Tensor:
+        """``Σ u v / r²``."""
+        p = self.at(x)
+        self._check_vector(p, u)
+        v = u if v is None else v
+        return self._reduce(u * v, keepdim) / self._reduce(p.x.square(), keepdim)
+
+    def proju(self, x, u: Tensor) -> Tensor:
+        """``u - (<w, u> / r²) w``."""
+        p = self.at(x)
+        self._check_vector(p, u)
+        w = p.x
+        return u - (self._dot(w, u) / self._sqnorm(w)) * w
+
+    def egrad2rgrad(self, x, u: Tensor) -> Tensor:
+        """``proj(r² ∇) = r² ∇ - <w, ∇> w``."""
+        p = self.at(x)
+        self._check_vector(p, u, "the gradient")
+        w = p.x
+        return self._sqnorm(w) * u - self._dot(w, u) * w
+
+    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
+        """``Γ(u, v) = [(u·v) w - (w·u) v - (w·v) u] / r²``."""
+        p = self.at(x)
+        self._check_vector(p, u)
+        w = p.x
+        wu = self._dot(w, u)
+        if v is None:
+            return (self._dot(u, u) * w - 2 * wu * u) / self._sqnorm(w)
+        return (self._dot(u, v) * w - wu * v - self._dot(w, v) * u) / self._sqnorm(w)
+
+    def expmap(self, x, u: Tensor, *, steps: int | None = None) -> Tensor:
+        """``e^α (cos ν · w + sinc ν · u_⊥)`` (class docstring; exact, ``steps`` unused)."""
+        p = self.at(x)
+        self._check_vector(p, u)
+        w = p.x
+        r2 = self._sqnorm(w)
+        alpha = self._dot(w, u) / r2
+        u_perp = u - alpha * w
+        nu = (self._dot(u_perp, u_perp) / r2).sqrt()
+        return torch.exp(alpha) * (torch.cos(nu) * w + torch.sinc(nu / math.pi) * u_perp)
+
+    # ------------------------------------------------------------------ points
+    def _check_point_on_manifold(self, x, *, atol=1e-5, rtol=1e-5):
+        """Entries finite and every block non-zero (the action is free only there)."""
+        x = as_tensor(x)
+        if not bool(torch.isfinite(x).all()):
+            return False, "the point has non-finite entries"
+        smallest = self._sqnorm(x).sqrt().min().item()
+        if smallest == 0:
+            return False, "a block is zero; the scaling action is not free there"
+        return True, f"smallest block norm = {smallest:.3e}"
+
+    def random(self, *size, dtype=None, device=None, **kwargs) -> Tensor:
+        """Gaussian entries (non-zero blocks with probability one)."""
+        size = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+        ok, reason = self._check_shape(size, "size")
+        if not ok:
+            raise ValueError(reason)
+        return torch.randn(*size, dtype=dtype, device=device)
+
+    def origin(self, *size, dtype=None, device=None, seed=42) -> Tensor:
+        """All ones."""
+        size = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+        ok, reason = self._check_shape(size, "size")
+        if not ok:
+            raise ValueError(reason)
+        return torch.ones(*size, dtype=dtype, device=device)

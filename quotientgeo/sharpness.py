@@ -1,0 +1,689 @@
+r"""Worst-case and average sharpness of a model in (geodesic) balls of its parameter geometry.
+
+For a batch ``S`` with loss ``L_S`` and the parameters ``x`` split by a
+:class:`~quotientgeo.geometry.ParameterGeometry` into symmetry blocks and an adaptive rest,
+
+    worst-case:  ``max_{ξ horizontal, ||ξ||_x ≤ ρ} L_S(γ_ξ(1)) - L_S(x)``
+    average:     ``E_{ξ horizontal, ||ξ||_x = ρ} L_S(γ_ξ(1)) - L_S(x)``
+
+averaged over batches. ``||ξ||²_x = Σ_blocks <ξ_b, ξ_b>`` (square norms add), ``γ_ξ(1)`` is the
+exact, second-order (``x + ξ - ½ Γ(ξ, ξ)``) or first-order (``x + ξ``) geodesic step on the
+symmetry blocks and the straight line ``w + ξ`` on the adaptive rest, whose metric is
+``Σ ξ² / ŵ²`` with ``ŵ = max(|w|, floor)`` (Andriushchenko et al. 2023; ``floor`` is
+:class:`~quotientgeo.AdaptiveGeometry`'s, ``1e-12``: a zero weight moves by at most
+``ρ · 1e-12``).
+
+The maximiser is one Auto-PGD loop (Croce & Hein 2020, as used by Andriushchenko et al.):
+``ξ_0 = 0`` (equivariant, so results are invariant along orbits to floating point), step
+``η = 2ρ``, ``z = P_S(ξ_k + η g / ||g||)``, ``ξ_{k+1} = P_S(ξ_k + α (z - ξ_k) + (1-α)(ξ_k -
+ξ_{k-1}))`` with ``α = 0.75`` (``ξ_1 = z``), ``g`` the Riemannian gradient at the base point of
+``ξ ↦ L_S(γ_ξ(1))`` (projected to the horizontal space), ``P_S`` the horizontal projection
+followed by scaling into the ball; the loop only combines horizontal vectors, so ``P_S``
+reduces to the scaling. At the checkpoints ``p_0 = 0, p_1 = 0.22,
+p_{j+1} = p_j + max(p_j - p_{j-1} - 0.03, 0.06)`` (fractions of ``n_iter``) the step is
+halved and the iterate restarts from the best point if fewer than 75 % of the steps since the
+last checkpoint improved the best loss, or if neither the step nor the best loss changed.
+One forward and one backward pass per iteration give both the loss at ``ξ_k`` and its
+gradient. Restarts after the first start from random horizontal directions of norm ``ρ``.
+
+The model is never modified or copied: perturbed parameters are passed to
+:func:`torch.func.functional_call`; train/eval mode, buffers and ``.grad`` are restored
+bit-exactly on exit, also on exceptions and ``KeyboardInterrupt``. Loss evaluations run in eval
+mode (no dropout, batch-norm running statistics).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from .geometry import _HALF, ParameterGeometry, find_symmetries
+from .linalg import cholesky, gram
+from .manifolds import AdaptiveGeometry, GLQuotient
+
+Tensor = torch.Tensor
+
+__all__ = ["SharpnessResult", "adaptive_sharpness", "average_sharpness", "geodesic_sharpness"]
+
+METRICS = ("mix", "inv")
+PERTURBATIONS = ("second_order", "first_order", "exact")
+NORMS = ("riemannian", "adaptive")
+MOMENTUM = 0.75
+MIN_UPDATE_RATIO = 0.75
+
+
+@dataclasses.dataclass
+class SharpnessResult:
+    """Outcome of a sharpness measurement.
+
+    Attributes:
+        value: mean over batches of ``worst (or average) loss - base loss``.
+        per_batch: that difference for every batch.
+        base_losses: unperturbed loss per batch.
+        worst_losses: worst loss per batch (average measure: mean perturbed loss).
+        perturbation_norms: ball norm ``||ξ||_x`` of the worst perturbation per batch
+            (``0`` when no perturbation beat the base loss; ``ρ`` for the average measure).
+        trace: ``trace[batch][restart][k]`` best loss after evaluating iterate ``k`` (average
+            measure: ``trace[batch][0]`` lists the loss of every sample).
+        settings: the switches and sizes of the run, and the geometry summary.
+        wall_time: seconds.
+    """
+
+    value: float
+    per_batch: list[float]
+    base_losses: list[float]
+    worst_losses: list[float]
+    perturbation_norms: list[float]
+    trace: list[list[list[float]]]
+    settings: dict[str, Any]
+    wall_time: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain ``dict`` of built-in types, ready for :func:`json.dumps`."""
+        return dataclasses.asdict(self)
+
+    def __repr__(self) -> str:
+        s = self.settings
+        return (
+            f"SharpnessResult(value={self.value:.6g}, measure={s.get('measure')!r}, "
+            f"rho={s.get('rho')}, batches={len(self.per_batch)}, wall_time={self.wall_time:.3g}s)"
+        )
+
+
+# ---------------------------------------------------------------------- blocks
+class _AdaptiveBlock:
+    """The adaptive rest in whitened coordinates ``c = ξ / ŵ``, where the metric is Euclidean.
+
+    ``move(c) = w + ŵ ⊙ c``; the gradient in ``c`` is already the Riemannian gradient
+    (``∇ ⊙ ŵ²`` in ``ξ``, expressed in ``c``), the norm is ``||c||₂``, every vector is horizontal.
+    """
+
+    def __init__(self, w: Tensor, floor: float):
+        self.w = w
+        self.s = w.abs().clamp_min(floor)
+
+    def move(self, c: Tensor) -> Tensor:
+        return torch.addcmul(self.w, self.s, c)
+
+    def rgrad(self, d: Tensor) -> Tensor:
+        return d
+
+    def sqnorm(self, c: Tensor) -> Tensor:
+        return torch.dot(c, c)
+
+    def proj(self, c: Tensor) -> Tensor:
+        return c
+
+    def random(self, gen: torch.Generator) -> Tensor:
+        return torch.randn(self.w.shape, generator=gen, dtype=self.w.dtype, device=self.w.device)
+
+    def ambient(self, c: Tensor) -> Tensor:
+        return c * self.s
+
+
+class _QuotientBlock:
+    """One kind of symmetry block: ``pt = manifold.at(x)`` computed once, ξ in ambient form."""
+
+    def __init__(self, manifold, x: Tensor, perturbation: str, norm: str, floor: float):
+        self.manifold = manifold
+        self.pt = pt = manifold.at(x)
+        self.move = {"second_order": pt.expmap2, "first_order": pt.retr, "exact": pt.expmap}[
+            perturbation
+        ]
+        self.adaptive = norm == "adaptive"
+        if self.adaptive:
+            self.s2 = x.abs().clamp_min(floor).square()
+
+    def rgrad(self, d: Tensor) -> Tensor:
+        if self.adaptive:
+            return self.pt.proju(d * self.s2)
+        return self.pt.egrad2rgrad(d)
+
+    def sqnorm(self, c: Tensor) -> Tensor:
+        if self.adaptive:
+            return (c.square() / self.s2).sum()
+        return self.pt.inner(c).sum()
+
+    def proj(self, c: Tensor) -> Tensor:
+        return self.pt.proju(c)
+
+    def random(self, gen: torch.Generator) -> Tensor:
+        x = self.pt.x
+        e = torch.randn(x.shape, generator=gen, dtype=x.dtype, device=x.device)
+        if self.adaptive:
+            return self.proj(e * self.s2.sqrt())
+        return self.proj(_isotropic(self.manifold, self.pt, e))
+
+    def ambient(self, c: Tensor) -> Tensor:
+        return c
+
+
+def _isotropic(manifold, pt, e: Tensor) -> Tensor:
+    """``T e`` with ``<T e, T e'>_x = e·e'``: a standard Gaussian of the metric at ``x``."""
+    if isinstance(manifold, GLQuotient):
+
+        def factors():
+            G, H = manifold.split(pt.x)
+            return cholesky(gram(G, manifold.eps), "GᵀG"), cholesky(gram(H, manifold.eps), "HᵀH")
+
+        LP, LQ = pt.cached("isotropic_cholesky", factors)
+        eG, eH = manifold.split(e)
+        if manifold.metric_name == "inv":  # tr(P⁻¹ ξᵀξ): ξ = e Lᵀ
+            return manifold.join(eG @ LP.mT, eH @ LQ.mT)
+        # mix, tr(Q ξ_Gᵀ ξ_G): ξ_G = e L_Q⁻¹ (and ξ_H = e L_P⁻¹)
+        solve = torch.linalg.solve_triangular
+        return manifold.join(
+            solve(LQ, eG, upper=False, left=False), solve(LP, eH, upper=False, left=False)
+        )
+    # diagonal metrics (re-scaling, adaptive): ξ = e / sqrt(diag M)
+    return e / manifold.metric(pt.x, torch.ones_like(e)).sqrt()
+
+
+# ---------------------------------------------------------------------- model state
+@contextlib.contextmanager
+def _model_state_preserved(model: nn.Module):
+    """Evaluate in eval mode; restore modes, buffers, parameters and ``.grad`` bit-exactly."""
+    modes = [(m, m.training) for m in model.modules()]
+    buffers = [
+        (m, name, b, b.detach().clone())
+        for m in model.modules()
+        for name, b in m._buffers.items()
+        if b is not None
+    ]
+    params = [(m, name, p) for m in model.modules() for name, p in m._parameters.items()]
+    grads = [
+        (p, p.grad, None if p.grad is None else p.grad.detach().clone())
+        for _, _, p in params
+        if p is not None
+    ]
+    try:
+        model.eval()
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+        with torch.no_grad():
+            for m, name, p in params:
+                if m._parameters.get(name) is not p:
+                    m._parameters[name] = p
+            for m, name, b, saved in buffers:
+                if m._buffers.get(name) is not b:
+                    m._buffers[name] = b
+                b.copy_(saved)
+            for p, g, saved in grads:
+                if p.grad is not g:
+                    p.grad = g
+                if g is not None:
+                    g.copy_(saved)
+
+
+class _LossOf(nn.Module):
+    """``forward(batch) = loss_fn(model, batch)``: the module given to ``functional_call``."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, batch):
+        return self.loss_fn(self.model, batch)
+
+
+# ---------------------------------------------------------------------- the problem
+class _Problem:
+    """Loss of a batch as a function of the perturbation ``ξ`` (a list, one tensor per block)."""
+
+    def __init__(
+        self, model, loss_fn, geometry: ParameterGeometry, metric, perturbation, norm, eps
+    ):
+        self.geometry = geometry
+        self.wrapper = _LossOf(model, loss_fn)
+        points, w = geometry.gather()
+        self.dtype, self.device = w.dtype, w.device
+        floor = AdaptiveGeometry().floor
+        manifolds = geometry.manifolds(metric, eps=eps)
+        self.blocks = [
+            _QuotientBlock(m, x, perturbation, norm, floor)
+            for m, x in zip(manifolds, points, strict=True)
+        ]
+        self.blocks.append(_AdaptiveBlock(w, floor))
+        self.batch_index = 0
+
+    def zeros(self) -> list[Tensor]:
+        return [torch.zeros_like(b.pt.x if hasattr(b, "pt") else b.w) for b in self.blocks]
+
+    def sqnorm(self, cs: list[Tensor]) -> Tensor:
+        return sum(b.sqnorm(c) for b, c in zip(self.blocks, cs, strict=True))
+
+    def random_direction(self, gen: torch.Generator, rho: float) -> list[Tensor]:
+        """Horizontal direction of norm ``rho``, isotropic in the metric at the base point."""
+        cs = [b.random(gen) for b in self.blocks]
+        scale = rho / self.sqnorm(cs).sqrt()
+        return [c * scale for c in cs]
+
+    def evaluate(self, cs: list[Tensor], iteration: int, grad: bool):
+        """Loss at ``cs`` (detached, compute dtype) and, with ``grad``, its gradient wrt ``cs``."""
+        with torch.enable_grad() if grad else torch.no_grad():
+            leaves = [c.detach().requires_grad_(grad) for c in cs]
+            ys = [b.move(c) for b, c in zip(self.blocks, leaves, strict=True)]
+            params = self.geometry.scatter(ys[:-1], ys[-1])
+            params = {f"model.{name}": t for name, t in params.items()}
+            loss = torch.func.functional_call(self.wrapper, params, (self.batch,))
+            where = f"batch {self.batch_index}, iteration {iteration}"
+            if not isinstance(loss, Tensor):
+                raise TypeError(
+                    f"loss_fn must return a scalar tensor, got {type(loss).__name__} ({where})"
+                )
+            if loss.numel() != 1:
+                raise ValueError(
+                    f"loss_fn must return a scalar tensor, got shape {tuple(loss.shape)} ({where})"
+                )
+            if not grad:
+                return loss.detach().reshape(()).to(self.dtype), None
+            if not loss.requires_grad:
+                raise ValueError(
+                    f"loss_fn returned a tensor that does not depend on the parameters ({where})"
+                )
+            grads = torch.autograd.grad(loss.reshape(()), leaves, allow_unused=True)
+        grads = [torch.zeros_like(c) if g is None else g for c, g in zip(cs, grads, strict=True)]
+        return loss.detach().reshape(()).to(self.dtype), grads
+
+    def check_finite(self, losses: Tensor, upto: int, restart: int) -> None:
+        finite = torch.isfinite(losses[: upto + 1])
+        if not bool(finite.all()):
+            k = int((~finite).nonzero()[0, 0])
+            raise ValueError(
+                f"loss_fn returned a non-finite loss ({float(losses[k])}) on batch "
+                f"{self.batch_index} at iteration {k} (restart {restart}); the model is restored"
+            )
+
+
+def _checkpoints(n_iter: int) -> list[int]:
+    """Auto-PGD checkpoints ``ceil(p_j n)``: ``p_0 = 0``, ``p_1 = 0.22``,
+    ``p_{j+1} = p_j + max(p_j - p_{j-1} - 0.03, 0.06)`` (as in the reference code)."""
+    p, w = [0.0, 0.22], [0, math.ceil(n_iter * 0.22)]
+    while w[-1] < n_iter and w[-1] != w[-2]:
+        p.append(p[-1] + max(p[-1] - p[-2] - 0.03, 0.06))
+        w.append(math.ceil(p[-1] * n_iter))
+    return sorted({k for k in w[1:] if 0 < k < n_iter})
+
+
+def _scale_into_ball_(problem: _Problem, cs: list[Tensor], rho: float) -> list[Tensor]:
+    """``P_S`` on horizontal vectors, in place: ``ξ ← ξ · min(1, ρ / ||ξ||_x)``."""
+    scale = (rho / problem.sqnorm(cs).sqrt()).clamp(max=1.0)
+    for c in cs:
+        c.mul_(scale)
+    return cs
+
+
+def _step(problem: _Problem, c, c_prev, grads, eta: float, rho: float, first: bool):
+    """``z = P_S(ξ + η g/||g||)``; ``ξ_new = z`` (first step) or
+    ``P_S(ξ + α(z - ξ) + (1-α)(ξ - ξ_prev)) = P_S(α z + 2(1-α) ξ - (1-α) ξ_prev)``.
+
+    Fused and in place on fresh tensors: a few passes over the parameters per iteration.
+    """
+    g = [b.rgrad(d) for b, d in zip(problem.blocks, grads, strict=True)]
+    step = eta / (problem.sqnorm(g).sqrt() + torch.finfo(problem.dtype).tiny)
+    z = _scale_into_ball_(
+        problem, [torch.addcmul(ci, gi, step) for ci, gi in zip(c, g, strict=True)], rho
+    )
+    if first:
+        return z
+    a = MOMENTUM
+    new = [
+        torch.mul(ci, 2 * (1 - a)).add_(pi, alpha=-(1 - a)).add_(zi, alpha=a)
+        for ci, zi, pi in zip(c, z, c_prev, strict=True)
+    ]
+    return _scale_into_ball_(problem, new, rho)
+
+
+def _host_tracking(device: torch.device) -> bool:
+    """Track the best point with host comparisons (free on CPU) rather than on the device."""
+    return device.type == "cpu"
+
+
+def _apgd(problem: _Problem, start: list[Tensor], rho: float, n_iter: int, restart: int, bar):
+    """One Auto-PGD run from ``start``; returns (best loss, best ξ, per-iterate losses).
+
+    Iterates are never modified after they are formed, so the best point is kept by reference;
+    on CUDA the comparison stays on the device (``torch.where``) to avoid a host sync per
+    iteration, and only the checkpoints synchronise.
+    """
+    checkpoints = set(_checkpoints(n_iter))
+    losses = torch.empty(n_iter + 1, dtype=problem.dtype, device=problem.device)
+    on_host = _host_tracking(problem.device)
+    c, c_prev = start, start
+    eta, prev_eta, prev_cp, prev_best = 2.0 * rho, 2.0 * rho, 0, None
+    n_updates = torch.zeros((), dtype=torch.int64, device=problem.device)
+    for k in range(n_iter + 1):
+        last = k == n_iter
+        loss, grads = problem.evaluate(c, k, grad=not last)
+        losses[k] = loss
+        if k == 0:
+            problem.check_finite(losses, 0, restart)
+            best, best_c, best_g = loss, c, grads
+            prev_best = float(loss)
+        else:
+            improved = loss > best
+            n_updates += improved
+            if on_host:
+                if bool(improved):
+                    best, best_c, best_g = loss, c, grads
+            else:
+                best = torch.where(improved, loss, best)
+                best_c = [torch.where(improved, u, v) for u, v in zip(c, best_c, strict=True)]
+                if not last:
+                    best_g = [
+                        torch.where(improved, u, v) for u, v in zip(grads, best_g, strict=True)
+                    ]
+        if last:
+            break
+        bar.update(1)
+        if k in checkpoints:
+            problem.check_finite(losses, k, restart)
+            best_now, updates = float(best), int(n_updates)
+            stalled = updates < MIN_UPDATE_RATIO * (k - prev_cp)
+            frozen = prev_eta == eta and prev_best == best_now
+            prev_eta, prev_best, prev_cp = eta, best_now, k
+            n_updates.zero_()
+            if stalled or frozen:
+                eta *= 0.5
+                c, c_prev, grads = best_c, best_c, best_g
+        c_prev, c = c, _step(problem, c, c_prev, grads, eta, rho, first=k == 0)
+    problem.check_finite(losses, n_iter, restart)
+    return best, best_c, losses
+
+
+# ---------------------------------------------------------------------- setup and checks
+def _check_common(rho, n_iter_name: str, n_iter: int, seed) -> float:
+    if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not math.isfinite(rho):
+        raise ValueError(f"rho must be a positive finite number, got {rho!r}")
+    if rho <= 0:
+        raise ValueError(f"rho must be > 0, got {rho!r}")
+    if isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1:
+        raise ValueError(f"{n_iter_name} must be a positive integer, got {n_iter!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    return float(rho)
+
+
+def _setup(model, loss_fn, symmetries, metric, perturbation, norm, warn_missing=True):
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not callable(loss_fn):
+        raise TypeError("loss_fn must be callable as loss_fn(model, batch) -> scalar tensor")
+    for value, allowed, what in (
+        (metric, METRICS, "metric"),
+        (perturbation, PERTURBATIONS, "perturbation"),
+        (norm, NORMS, "norm"),
+    ):
+        if value not in allowed:
+            raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
+    if isinstance(symmetries, str) and symmetries == "auto":
+        geometry = find_symmetries(model)
+        if not geometry.kinds and warn_missing:
+            warnings.warn(
+                f"no parameter symmetry detected in {type(model).__name__}: every parameter is "
+                "measured in the adaptive geometry (declare blocks with ParameterGeometry for "
+                "custom architectures)",
+                UserWarning,
+                stacklevel=3,
+            )
+    elif symmetries is None:
+        geometry = ParameterGeometry(model)
+    elif isinstance(symmetries, ParameterGeometry):
+        if symmetries.model is not model:
+            raise ValueError("the ParameterGeometry passed as symmetries describes another model")
+        geometry = symmetries
+    else:
+        raise TypeError(
+            f"symmetries must be 'auto', None or a ParameterGeometry, got {symmetries!r}"
+        )
+    if not geometry.params:
+        raise ValueError("the model has no trainable parameters (requires_grad=True)")
+    half = sorted({str(p.dtype) for p in geometry.params.values() if p.dtype in _HALF})
+    if half:
+        warnings.warn(
+            f"the model has {', '.join(half)} parameters: the geometry (points, perturbations, "
+            "projections, norms) is computed in float32 and perturbed weights are cast back to "
+            "the parameters' dtype for the forward pass",
+            UserWarning,
+            stacklevel=3,
+        )
+    return geometry
+
+
+def _settings(measure, geometry, rho, metric, perturbation, norm, eps, seed, **extra):
+    return {
+        "measure": measure,
+        "rho": rho,
+        "metric": metric,
+        "perturbation": perturbation,
+        "norm": norm,
+        "eps": eps,
+        "seed": seed,
+        **extra,
+        "symmetric_blocks": len(geometry.blocks),
+        "dtype": str(geometry.compute_dtype),
+        "device": str(geometry.device),
+        "geometry": geometry.summary(),
+    }
+
+
+def _bar(progress: bool, total: int, desc: str):
+    return tqdm(total=total, desc=desc, disable=not progress, dynamic_ncols=True, leave=False)
+
+
+# ---------------------------------------------------------------------- measures
+def geodesic_sharpness(
+    model: nn.Module,
+    loss_fn: Callable[[nn.Module, Any], Tensor],
+    batches: Iterable,
+    *,
+    rho: float,
+    metric: str = "mix",
+    perturbation: str = "second_order",
+    norm: str = "riemannian",
+    symmetries: str | ParameterGeometry | None = "auto",
+    n_iter: int = 100,
+    restarts: int = 1,
+    seed: int = 0,
+    eps: float = 0.0,
+    progress: bool = True,
+    _measure: str = "geodesic",
+) -> SharpnessResult:
+    """Worst-case geodesic sharpness ``mean_S max_{||ξ||_x ≤ ρ} L_S(γ_ξ(1)) - L_S(x)``.
+
+    Args:
+        model: the network; read only (restored bit-exactly, also on errors).
+        loss_fn: ``loss_fn(model, batch) -> scalar tensor`` (move the batch to the model's
+            device inside it if needed).
+        batches: any iterable of batches (a list, a ``DataLoader``), iterated once.
+        rho: ball radius (> 0).
+        metric: ``"mix"`` or ``"inv"``: the GL/re-scaling quotient metric of symmetry blocks.
+        perturbation: ``"second_order"`` (``x + ξ - ½Γ(ξ,ξ)``), ``"first_order"`` (``x + ξ``)
+            or ``"exact"`` (the geodesic; RK4 for GL blocks) on symmetry blocks; the adaptive
+            rest always moves along straight lines.
+        norm: ``"riemannian"``: the ball and gradient use the quotient metric; ``"adaptive"``:
+            they use the element-wise ``|w|`` metric while perturbations stay horizontal.
+        symmetries: ``"auto"`` (:func:`~quotientgeo.find_symmetries`), an explicit
+            :class:`~quotientgeo.geometry.ParameterGeometry`, or ``None`` (adaptive geometry
+            on every parameter).
+        n_iter: Auto-PGD iterations (one forward and backward pass each) per batch and restart.
+        restarts: restart 0 starts at ``ξ = 0``; later ones at random horizontal directions.
+        seed: seed of those random directions.
+        eps: Gram relaxation of GL blocks (``P + eps·I``), for rank-deficient heads.
+        progress: show a tqdm progress bar.
+    """
+    rho = _check_common(rho, "n_iter", n_iter, seed)
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 1:
+        raise ValueError(f"restarts must be a positive integer, got {restarts!r}")
+    geometry = _setup(
+        model, loss_fn, symmetries, metric, perturbation, norm, warn_missing=_measure != "adaptive"
+    )
+    t0 = time.perf_counter()
+    base_losses, worst_losses, norms, traces = [], [], [], []
+    with _model_state_preserved(model):
+        problem = _Problem(model, loss_fn, geometry, metric, perturbation, norm, eps)
+        gen = torch.Generator(device=problem.device).manual_seed(seed)
+        total = None
+        if hasattr(batches, "__len__"):
+            total = len(batches) * restarts * n_iter
+        with _bar(progress, total, f"{_measure} sharpness") as bar:
+            for i, batch in enumerate(batches):
+                problem.batch, problem.batch_index = batch, i
+                base = worst = None
+                worst_c, trace = None, []
+                for r in range(restarts):
+                    start = problem.zeros() if r == 0 else problem.random_direction(gen, rho)
+                    best, best_c, losses = _apgd(problem, start, rho, n_iter, r, bar)
+                    if r == 0:
+                        base = float(losses[0])
+                        worst, worst_c = base, None
+                    best = float(best)
+                    if best > worst:
+                        worst, worst_c = best, best_c
+                    trace.append(torch.cummax(losses, 0).values.tolist())
+                norm_c = 0.0 if worst_c is None else float(problem.sqnorm(worst_c).sqrt())
+                base_losses.append(base)
+                worst_losses.append(worst)
+                norms.append(norm_c)
+                traces.append(trace)
+            if not base_losses:
+                raise ValueError("batches is empty: nothing to measure sharpness on")
+    per_batch = [w - b for w, b in zip(worst_losses, base_losses, strict=True)]
+    settings = _settings(
+        _measure,
+        geometry,
+        rho,
+        metric,
+        perturbation,
+        norm,
+        eps,
+        seed,
+        n_iter=n_iter,
+        restarts=restarts,
+        n_batches=len(per_batch),
+    )
+    return SharpnessResult(
+        value=sum(per_batch) / len(per_batch),
+        per_batch=per_batch,
+        base_losses=base_losses,
+        worst_losses=worst_losses,
+        perturbation_norms=norms,
+        trace=traces,
+        settings=settings,
+        wall_time=time.perf_counter() - t0,
+    )
+
+
+def adaptive_sharpness(
+    model: nn.Module,
+    loss_fn: Callable[[nn.Module, Any], Tensor],
+    batches: Iterable,
+    *,
+    rho: float,
+    n_iter: int = 100,
+    restarts: int = 1,
+    seed: int = 0,
+    progress: bool = True,
+) -> SharpnessResult:
+    """Adaptive sharpness of Andriushchenko et al. 2023: ``max_{||ξ ⊙ ŵ⁻¹||₂ ≤ ρ} L(w + ξ) - L(w)``.
+
+    Every parameter in the element-wise geometry, straight-line perturbations, the same
+    Auto-PGD loop: exactly ``geodesic_sharpness(symmetries=None, perturbation="first_order",
+    norm="adaptive")``.
+    """
+    return geodesic_sharpness(
+        model,
+        loss_fn,
+        batches,
+        rho=rho,
+        metric="mix",
+        perturbation="first_order",
+        norm="adaptive",
+        symmetries=None,
+        n_iter=n_iter,
+        restarts=restarts,
+        seed=seed,
+        progress=progress,
+        _measure="adaptive",
+    )
+
+
+def average_sharpness(
+    model: nn.Module,
+    loss_fn: Callable[[nn.Module, Any], Tensor],
+    batches: Iterable,
+    *,
+    rho: float,
+    metric: str = "mix",
+    perturbation: str = "second_order",
+    norm: str = "riemannian",
+    symmetries: str | ParameterGeometry | None = "auto",
+    n_samples: int = 100,
+    seed: int = 0,
+    eps: float = 0.0,
+    progress: bool = True,
+) -> SharpnessResult:
+    """Average-case sharpness ``mean_S E_ξ L_S(γ_ξ(1)) - L_S(x)`` over ``||ξ||_x = ρ``.
+
+    ``ξ`` is a standard Gaussian of the metric at ``x`` (isotropic in every block), projected
+    to the horizontal space and scaled to norm ``ρ``; ``n_samples`` forward passes per batch.
+    The switches mean what they mean for :func:`geodesic_sharpness`.
+    """
+    rho = _check_common(rho, "n_samples", n_samples, seed)
+    geometry = _setup(model, loss_fn, symmetries, metric, perturbation, norm)
+    t0 = time.perf_counter()
+    base_losses, mean_losses, traces = [], [], []
+    with _model_state_preserved(model):
+        problem = _Problem(model, loss_fn, geometry, metric, perturbation, norm, eps)
+        gen = torch.Generator(device=problem.device).manual_seed(seed)
+        total = len(batches) * n_samples if hasattr(batches, "__len__") else None
+        with _bar(progress, total, "average sharpness") as bar:
+            for i, batch in enumerate(batches):
+                problem.batch, problem.batch_index = batch, i
+                losses = torch.empty(n_samples + 1, dtype=problem.dtype, device=problem.device)
+                losses[0], _ = problem.evaluate(problem.zeros(), 0, grad=False)
+                for s in range(1, n_samples + 1):
+                    cs = problem.random_direction(gen, rho)
+                    losses[s], _ = problem.evaluate(cs, s, grad=False)
+                    bar.update(1)
+                problem.check_finite(losses, n_samples, 0)
+                base_losses.append(float(losses[0]))
+                mean_losses.append(float(losses[1:].mean()))
+                traces.append([losses[1:].tolist()])
+            if not base_losses:
+                raise ValueError("batches is empty: nothing to measure sharpness on")
+    per_batch = [m - b for m, b in zip(mean_losses, base_losses, strict=True)]
+    settings = _settings(
+        "average",
+        geometry,
+        rho,
+        metric,
+        perturbation,
+        norm,
+        eps,
+        seed,
+        n_samples=n_samples,
+        n_batches=len(per_batch),
+    )
+    return SharpnessResult(
+        value=sum(per_batch) / len(per_batch),
+        per_batch=per_batch,
+        base_losses=base_losses,
+        worst_losses=mean_losses,
+        perturbation_norms=[rho] * len(per_batch),
+        trace=traces,
+        settings=settings,
+        wall_time=time.perf_counter() - t0,
+    )

@@ -1,0 +1,219 @@
+"""Shared hypothesis settings, strategies and numerical helpers of the test-suite.
+
+Tolerances are stated in units of the dtype's machine epsilon (``tol(dtype, k)`` is
+``k · eps``) and, where an operation involves a conditioned matrix, scaled by its condition
+number, so that the same property is checked at the same strictness in float32 and float64.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+# geomstats picks its backend when first imported; the property tests use its pytorch backend.
+os.environ.setdefault("GEOMSTATS_BACKEND", "pytorch")
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from quotientgeo import GLQuotient
+
+# Two xdist workers on two cores: one BLAS thread each avoids oversubscription.
+torch.set_num_threads(1)
+
+settings.register_profile(
+    "default",
+    deadline=None,
+    max_examples=12,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile(
+    "thorough",
+    deadline=None,
+    max_examples=200,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+DTYPES = (torch.float32, torch.float64)
+BATCHES = ((), (2,), (2, 3))
+METRICS = ("inv", "mix")
+
+
+# --------------------------------------------------------------------------- numerics
+def eps_of(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps
+
+
+def tol(dtype: torch.dtype, k: float = 100.0) -> float:
+    """``k`` machine epsilons of ``dtype``."""
+    return k * eps_of(dtype)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor, event_dims: int = 2) -> float:
+    """Largest (over batch entries) ``||a - b|| / ||b||``, computed in float64."""
+    a, b = a.double(), b.double()
+    dims = tuple(range(-event_dims, 0))
+    num = torch.linalg.vector_norm(a - b, dim=dims)
+    den = torch.linalg.vector_norm(b, dim=dims).clamp_min(torch.finfo(torch.float64).tiny)
+    return (num / den).max().item()
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(*shape, seed_gen: torch.Generator, dtype=torch.float64) -> torch.Tensor:
+    return torch.randn(*shape, generator=seed_gen, dtype=torch.float64).to(dtype)
+
+
+def orthogonal(*shape, g: torch.Generator) -> torch.Tensor:
+    """Random matrices with orthonormal columns, ``shape = (..., r, c)``, ``r >= c`` (float64)."""
+    q, r = torch.linalg.qr(torch.randn(*shape, generator=g, dtype=torch.float64))
+    return q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+
+
+def conditioned(batch, rows, cols, cond, g, dtype=torch.float64) -> torch.Tensor:
+    """``U diag(s) Vᵀ`` with log-spaced singular values from 1 down to ``1/cond`` (float64 build).
+
+    The spectrum is rescaled to geometric mean 1 so that entries stay of order one.
+    """
+    k = min(rows, cols)
+    U = orthogonal(*batch, rows, k, g=g)
+    V = orthogonal(*batch, cols, k, g=g)
+    s = torch.logspace(0.0, -math.log10(cond), k, dtype=torch.float64) if k > 1 else None
+    if s is None:
+        s = torch.ones(1, dtype=torch.float64)
+    s = s / s.log().mean().exp()
+    return ((U * s) @ V.transpose(-1, -2)).to(dtype)
+
+
+# --------------------------------------------------------------------------- GL cases
+@dataclass
+class GLCase:
+    """A random GL(h) quotient point with two tangent vectors."""
+
+    manifold: GLQuotient
+    x: torch.Tensor
+    u: torch.Tensor
+    v: torch.Tensor
+    batch: tuple
+    n: int
+    m: int
+    h: int
+    seed: int
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.x.dtype
+
+    def group(self, cond: float, seed_offset: int = 1) -> torch.Tensor:
+        """A batch of ``A ∈ GL(h)`` with condition number ``cond`` (float64 build)."""
+        g = gen(self.seed + 7919 * seed_offset)
+        return conditioned(self.batch, self.h, self.h, cond, g, self.dtype)
+
+
+@st.composite
+def gl_cases(
+    draw,
+    metric=None,
+    dtype=None,
+    eps: float = 0.0,
+    max_h: int = 4,
+    max_extra: int = 4,
+    factor_cond: float = 10.0,
+    batches=BATCHES,
+):
+    """GL(h) quotient cases over shapes, batch dims (none, one, two), seeds and dtypes.
+
+    The factors ``G``, ``H`` get condition numbers up to ``factor_cond`` so that an error bound
+    stated in machine epsilons is meaningful in float32 too.
+    """
+    metric = draw(st.sampled_from(METRICS)) if metric is None else metric
+    dtype = draw(st.sampled_from(DTYPES)) if dtype is None else dtype
+    batch = draw(st.sampled_from(batches))
+    h = draw(st.integers(1, max_h))
+    n = h + draw(st.integers(0, max_extra))
+    m = h + draw(st.integers(0, max_extra))
+    seed = draw(st.integers(0, 2**31 - 1))
+    cond_g = draw(st.floats(1.0, factor_cond))
+    cond_h = draw(st.floats(1.0, factor_cond))
+    g = gen(seed)
+    G = conditioned(batch, n, h, cond_g, g)
+    H = conditioned(batch, m, h, cond_h, g)
+    manifold = GLQuotient(n, metric, eps=eps)
+    x = manifold.join(G, H).to(dtype)
+    u = torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype)
+    v = torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype)
+    return GLCase(manifold, x, u, v, batch, n, m, h, seed)
+
+
+@pytest.fixture(autouse=True)
+def _default_dtype():
+    """Tests must not depend on (or leak) the global default dtype."""
+    old = torch.get_default_dtype()
+    yield
+    torch.set_default_dtype(old)
+
+
+# --------------------------------------------------------------------------- autodiff oracle
+def autodiff_christoffel(metric_matrix, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``Γ(u, u) = M⁻¹ [DM[u] u - ½ ∇ₓ(uᵀ M u)]`` from a dense metric matrix ``M(x)``.
+
+    ``metric_matrix`` maps a flat float64 point of length ``N`` to its ``N × N`` metric matrix;
+    its derivative is taken by :func:`torch.autograd.functional.jacobian`, independently of the
+    library's code paths. ``x`` and ``u`` are single (unbatched) points/vectors of any shape.
+    """
+    xf = x.detach().double().reshape(-1)
+    uf = u.detach().double().reshape(-1)
+    M = metric_matrix(xf)
+    # J[i, j, k] = ∂M_ij / ∂x_k
+    J = torch.autograd.functional.jacobian(metric_matrix, xf, vectorize=True)
+    dMuu = torch.einsum("ijk,k,j->i", J, uf, uf)
+    grad = torch.einsum("i,ijk,j->k", uf, J, uf)
+    return torch.linalg.solve(M, dMuu - 0.5 * grad).reshape(u.shape)
+
+
+def gl_metric_matrix(n: int, h: int, metric: str, eps: float = 0.0):
+    """Dense flattened GL(h) metric (DESIGN.md §2) for a row-major flattened ``[G; H]``.
+
+    ``tr(W η_Gᵀ ζ_G) = Σ_i η_{G,i} W ζ_{G,i}ᵀ`` over rows, so the G block is ``I_n ⊗ W``.
+    """
+
+    def metric_matrix(xf: torch.Tensor) -> torch.Tensor:
+        x = xf.reshape(-1, h)
+        G, H = x[:n], x[n:]
+        eye = torch.eye(h, dtype=xf.dtype)
+        P = G.T @ G + eps * eye
+        Q = H.T @ H + eps * eye
+        WG, WH = (torch.linalg.inv(P), torch.linalg.inv(Q)) if metric == "inv" else (Q, P)
+        return torch.block_diag(
+            torch.kron(torch.eye(G.shape[0], dtype=xf.dtype), WG.contiguous()),
+            torch.kron(torch.eye(H.shape[0], dtype=xf.dtype), WH.contiguous()),
+        )
+
+    return metric_matrix
+
+
+def geomstats_christoffel(metric_matrix, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``Γ^k_ij u^i u^j`` from geomstats' autodiff Christoffel symbols of ``metric_matrix``."""
+    pytest.importorskip("geomstats")
+    import geomstats.backend as gs
+    from geomstats.geometry.euclidean import Euclidean
+    from geomstats.geometry.riemannian_metric import RiemannianMetric
+
+    if not gs.__name__.endswith("pytorch"):
+        pytest.skip(f"geomstats runs on {gs.__name__}, not its pytorch backend")
+
+    class DenseMetric(RiemannianMetric):
+        def metric_matrix(self, base_point=None):
+            return metric_matrix(base_point)
+
+    xf = x.detach().double().reshape(-1)
+    uf = u.detach().double().reshape(-1)
+    metric = DenseMetric(Euclidean(xf.numel(), equip=False))
+    gamma = metric.christoffels(xf)  # [k, i, j], contravariant index first
+    return torch.einsum("kij,i,j->k", gamma, uf, uf).reshape(u.shape)

@@ -1,0 +1,425 @@
+"""ParameterGeometry: discovery, exact gather/scatter, and the symmetry it claims."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from quotientgeo.geometry import ParameterGeometry, Source, find_symmetries
+
+DT = torch.float64
+
+
+def random_group_elements(geometry, scale=1.0, seed=0):
+    """One random invertible ``A`` (GL) or ``α`` (re-scaling) per block entry."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for kind in geometry.kinds:
+        if kind.type == "gl":
+            h = kind.shape[1]
+            out.append(scale * torch.randn(kind.batch, h, h, generator=g, dtype=DT))
+        else:
+            out.append(scale * (1 + torch.rand(kind.batch, kind.shape[1], generator=g, dtype=DT)))
+    return out
+
+
+def act_through_geometry(model, geometry, group_elements, metric="mix"):
+    """Gather the points, apply ``manifold.act`` per kind, scatter back into ``model``."""
+    points, _ = geometry.gather()
+    moved = [
+        m.act(x, A)
+        for m, x, A in zip(geometry.manifolds(metric), points, group_elements, strict=True)
+    ]
+    geometry.assign_(moved)
+
+
+def assert_roundtrip_exact(geometry):
+    points, w = geometry.gather()
+    out = geometry.scatter(points, w)
+    assert set(out) == set(geometry.params)
+    for name, p in geometry.params.items():
+        assert out[name].dtype == p.dtype and out[name].shape == p.shape
+        assert torch.equal(out[name], p), name
+    if geometry._batched is not None:  # the layer-batched and the per-block paths agree
+        batched, geometry._batched = geometry._batched, None
+        try:
+            moved = [x + torch.randn_like(x) for x in points]
+            per_block = geometry.scatter(moved, w)
+        finally:
+            geometry._batched = batched
+        for name, value in geometry.scatter(moved, w).items():
+            assert torch.equal(value, per_block[name]), name
+
+
+def encoder(d=32, heads=4, layers=2, seed=0, **kw):
+    torch.manual_seed(seed)
+    layer = nn.TransformerEncoderLayer(
+        d, heads, dim_feedforward=2 * d, dropout=0.0, batch_first=True, **kw
+    )
+    return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).to(DT).eval()
+
+
+# ---------------------------------------------------------------------- nn.MultiheadAttention
+def test_transformer_encoder_mapping_and_summary():
+    model = encoder()
+    geometry = find_symmetries(model)
+    assert [k.type for k in geometry.kinds] == ["gl", "gl"]
+    # QK: G = [W_q_iᵀ; b_q_i] (33×8), H the same for keys; VO: H = out_proj columns (32×8)
+    assert [k.shape for k in geometry.kinds] == [(66, 8), (65, 8)]
+    assert [k.batch for k in geometry.kinds] == [8, 8]  # 2 layers × 4 heads, batched
+    assert geometry.n_heads == 16
+    assert "layers.0.self_attn.out_proj.bias" in geometry.adaptive_names
+    assert "layers.1.linear1.weight" in geometry.adaptive_names
+    assert geometry.n_symmetric + geometry.n_adaptive == sum(p.numel() for p in model.parameters())
+    assert geometry._batched is not None  # scatter runs once per kind, not once per layer
+    text = repr(geometry)
+    for needle in (
+        "GL(8) pairs",
+        "G 33×8, H 33×8",
+        "(8, 66, 8)",
+        "layers.0.self_attn.QK",
+        "adaptive:",
+    ):
+        assert needle in text
+    assert_roundtrip_exact(geometry)
+
+
+def test_hand_written_action_matches_geometry_and_keeps_outputs():
+    """The reference action written on the raw weights, per head, against the geometry's."""
+    model = encoder(d=16, heads=2, layers=1)
+    ref = copy.deepcopy(model)
+    geometry = find_symmetries(model)
+    A_qk, A_vo = random_group_elements(geometry, seed=3)
+    act_through_geometry(model, geometry, [A_qk, A_vo])
+
+    attn = ref.layers[0].self_attn
+    E, dh = 16, 8
+    W, b, Wo = attn.in_proj_weight.data, attn.in_proj_bias.data, attn.out_proj.weight.data
+    for i in range(2):
+        q, k, v = (slice(s * E + i * dh, s * E + (i + 1) * dh) for s in range(3))
+        cols = slice(i * dh, (i + 1) * dh)
+        # G ↦ G A⁻¹ with G = [W_qᵀ; b_q] means W_q ↦ A⁻ᵀ W_q; H ↦ H Aᵀ means W_k ↦ A W_k
+        inv_t = torch.linalg.inv(A_qk[i]).T
+        W[q], b[q] = inv_t @ W[q], inv_t @ b[q]
+        W[k], b[k] = A_qk[i] @ W[k], A_qk[i] @ b[k]
+        inv_t = torch.linalg.inv(A_vo[i]).T
+        W[v], b[v] = inv_t @ W[v], inv_t @ b[v]
+        Wo[:, cols] = Wo[:, cols] @ A_vo[i].T
+    for (n, p), (_, r) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
+        torch.testing.assert_close(p, r, rtol=1e-12, atol=1e-12, msg=n)
+    x = torch.randn(3, 5, 16, dtype=DT)
+    torch.testing.assert_close(model(x), ref(x), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("scale", [1e-2, 1.0, 100.0])
+def test_random_action_leaves_encoder_outputs_unchanged(scale):
+    model = encoder()
+    x = torch.randn(4, 6, 32, dtype=DT)
+    before = model(x)
+    geometry = find_symmetries(model)
+    for metric in ("mix", "inv"):  # the action does not depend on the metric
+        act_through_geometry(model, geometry, random_group_elements(geometry, scale), metric)
+    after = model(x)
+    assert not torch.equal(
+        geometry.params["layers.0.self_attn.in_proj_weight"],
+        encoder().layers[0].self_attn.in_proj_weight,
+    )
+    torch.testing.assert_close(after, before, rtol=1e-9, atol=1e-9)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    heads=st.sampled_from([1, 2, 4]),
+    dh=st.integers(1, 4),
+    bias=st.booleans(),
+    kv=st.booleans(),
+    separate_kdim=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_mha_variants_roundtrip_and_symmetry(heads, dh, bias, kv, separate_kdim, seed):
+    torch.manual_seed(seed)
+    E = heads * dh
+    kdim = E + 3 if separate_kdim else None
+    mha = nn.MultiheadAttention(
+        E, heads, bias=bias, add_bias_kv=kv, kdim=kdim, vdim=kdim, batch_first=True
+    )
+    mha = mha.to(DT)
+    geometry = find_symmetries(mha)
+    assert geometry.n_heads == 2 * heads
+    assert_roundtrip_exact(geometry)
+    q = torch.randn(2, 3, E, dtype=DT)
+    kv_in = torch.randn(2, 4, kdim or E, dtype=DT)
+    before = mha(q, kv_in, kv_in, need_weights=False)[0]
+    act_through_geometry(mha, geometry, random_group_elements(geometry, seed=seed))
+    torch.testing.assert_close(
+        mha(q, kv_in, kv_in, need_weights=False)[0], before, rtol=1e-8, atol=1e-9
+    )
+
+
+def test_decoder_layer_maps_self_and_cross_attention():
+    torch.manual_seed(0)
+    layer = nn.TransformerDecoderLayer(16, 4, dim_feedforward=32, dropout=0.0, batch_first=True).to(
+        DT
+    )
+    geometry = find_symmetries(layer)
+    labels = [b.label for b in geometry.blocks]
+    assert labels == ["self_attn.QK", "self_attn.VO", "multihead_attn.QK", "multihead_attn.VO"]
+    tgt, mem = torch.randn(2, 3, 16, dtype=DT), torch.randn(2, 5, 16, dtype=DT)
+    before = layer(tgt, mem)
+    act_through_geometry(layer, geometry, random_group_elements(geometry, 10.0))
+    torch.testing.assert_close(layer(tgt, mem), before, rtol=1e-9, atol=1e-9)
+
+
+# ---------------------------------------------------------------------- Hugging Face styles
+def tiny_bert():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=40,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=24,
+        max_position_embeddings=12,
+        attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    return transformers.BertModel(config).to(DT).eval()
+
+
+def test_bert_mapping_and_symmetry():
+    model = tiny_bert()
+    geometry = find_symmetries(model)
+    assert [b.label for b in geometry.blocks][:2] == [
+        "encoder.layer.0.attention.self.QK",
+        "encoder.layer.0.attention.self.VO",
+    ]
+    assert "encoder.layer.0.attention.output.dense.bias" in geometry.adaptive_names
+    assert "encoder.layer.0.attention.output.dense.weight" not in geometry.adaptive_names
+    assert_roundtrip_exact(geometry)
+    ids = torch.randint(0, 40, (3, 7))
+    before = model(input_ids=ids).last_hidden_state
+    act_through_geometry(model, geometry, random_group_elements(geometry, 30.0))
+    torch.testing.assert_close(model(input_ids=ids).last_hidden_state, before, rtol=1e-9, atol=1e-9)
+
+
+class ProjAttention(nn.Module):
+    """Minimal ``q_proj``/``k_proj``/``v_proj``/``o_proj`` attention (BART/OPT/Llama naming)."""
+
+    def __init__(self, d=12, num_heads=3, rotary=False, qk_norm=False, kv_heads=None):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, d // num_heads
+        kv = kv_heads or num_heads
+        if kv_heads is not None:
+            self.num_key_value_heads = kv_heads
+        self.q_proj = nn.Linear(d, d)
+        self.k_proj = nn.Linear(d, kv * self.head_dim)
+        self.v_proj = nn.Linear(d, kv * self.head_dim)
+        self.o_proj = nn.Linear(d, d, bias=False)
+        if rotary:
+            self.rotary_emb = nn.Identity()
+        if qk_norm:
+            self.q_norm = nn.LayerNorm(self.head_dim)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        split = lambda t: t.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # noqa: E731
+        q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
+        out = torch.softmax(q @ k.transpose(-1, -2) / self.head_dim**0.5, -1) @ v
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+def test_proj_style_attention_symmetry():
+    torch.manual_seed(1)
+    model = nn.Sequential(ProjAttention(), nn.ReLU(), ProjAttention()).to(DT)
+    geometry = find_symmetries(model)
+    assert len(geometry.kinds) == 2 and geometry.n_heads == 12
+    x = torch.randn(2, 5, 12, dtype=DT)
+    before = model(x)
+    act_through_geometry(model, geometry, random_group_elements(geometry, 5.0))
+    torch.testing.assert_close(model(x), before, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [({"rotary": True}, "rotary"), ({"qk_norm": True}, "per-head norm (q_norm)")],
+)
+def test_qk_pair_left_adaptive_with_warning(kwargs, needle):
+    with pytest.warns(UserWarning, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        geometry = find_symmetries(ProjAttention(**kwargs))
+    assert [b.label for b in geometry.blocks] == ["ProjAttention.VO"]
+    assert "q_proj.weight" in geometry.adaptive_names
+
+
+def test_grouped_query_attention_warns():
+    with pytest.warns(UserWarning, match="grouped-query"):
+        geometry = find_symmetries(ProjAttention(d=12, num_heads=4, kv_heads=2))
+    assert not geometry.blocks
+
+
+def test_no_warning_for_plain_models():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        geometry = find_symmetries(nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)))
+    assert not geometry.kinds and geometry.n_adaptive == 26
+    assert "adaptive:  26 entries" in geometry.summary()
+
+
+# ---------------------------------------------------------------------- LoRA
+class LoraLinear(nn.Module):
+    """PEFT-style adapter: ``base(x) + lora_B[k](lora_A[k](x))``."""
+
+    def __init__(self, d_in=10, d_out=7, r=3):
+        super().__init__()
+        self.base = nn.Linear(d_in, d_out)
+        self.base.requires_grad_(False)
+        self.lora_A = nn.ModuleDict({"default": nn.Linear(d_in, r, bias=False)})
+        self.lora_B = nn.ModuleDict({"default": nn.Linear(r, d_out, bias=False)})
+
+    def forward(self, x):
+        return self.base(x) + self.lora_B["default"](self.lora_A["default"](x))
+
+
+class LoraLib(nn.Module):
+    """loralib-style adapter with parameters ``lora_A`` (r, in) and ``lora_B`` (out, r)."""
+
+    def __init__(self, d_in=6, d_out=5, r=2):
+        super().__init__()
+        self.lora_A = nn.Parameter(torch.randn(r, d_in))
+        self.lora_B = nn.Parameter(torch.randn(d_out, r))
+
+    def forward(self, x):
+        return x @ (self.lora_B @ self.lora_A).T
+
+
+@pytest.mark.parametrize("cls", [LoraLinear, LoraLib])
+def test_lora_pairs(cls):
+    torch.manual_seed(2)
+    model = nn.Sequential(cls(), nn.Tanh()).to(DT)
+    for p in model.parameters():
+        if p.requires_grad:
+            nn.init.normal_(p)
+    geometry = find_symmetries(model)
+    assert len(geometry.blocks) == 1 and geometry.kinds[0].type == "gl"
+    assert geometry.n_adaptive == 0  # the frozen base layer is not measured
+    assert_roundtrip_exact(geometry)
+    x = torch.randn(4, model[0].lora_A["default"].in_features if cls is LoraLinear else 6, dtype=DT)
+    before = model(x)
+    act_through_geometry(model, geometry, random_group_elements(geometry, 3.0))
+    torch.testing.assert_close(model(x), before, rtol=1e-9, atol=1e-9)
+
+
+# ---------------------------------------------------------------------- explicit API
+class Diagonal(nn.Module):
+    def __init__(self, d=5):
+        super().__init__()
+        self.u = nn.Parameter(torch.randn(d, dtype=DT))
+        self.v = nn.Parameter(torch.randn(d, dtype=DT))
+        self.extra = nn.Parameter(torch.randn(2, dtype=DT))
+
+    def forward(self, X):
+        return X @ (self.u * self.v) + self.extra.sum()
+
+
+def test_explicit_rescale_pair():
+    model = Diagonal()
+    geometry = ParameterGeometry(model).add_rescale_pair("u", "v", label="diag")
+    assert geometry.kinds[0].type == "rescale" and geometry.kinds[0].shape == (2, 5)
+    assert geometry.adaptive_names == ["extra"]
+    points, _ = geometry.gather()
+    torch.testing.assert_close(points[0][0], torch.stack([model.u, model.v]).detach())
+    assert_roundtrip_exact(geometry)
+    X = torch.randn(3, 5, dtype=DT)
+    before = model(X)
+    act_through_geometry(model, geometry, random_group_elements(geometry))
+    torch.testing.assert_close(model(X), before, rtol=1e-12, atol=1e-12)
+
+
+class TwoLayer(nn.Module):
+    """``W2 relu(W1 x + b1)``: neuron-wise positive re-scaling, a GL(1) pair per hidden unit."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_explicit_gl_pairs_with_slices_and_partial_coverage():
+    torch.manual_seed(0)
+    model = TwoLayer().to(DT)
+    geometry = ParameterGeometry(model)
+    # hidden units 0..3 as 4 GL(1) "heads"; units 4, 5 stay in the adaptive geometry
+    geometry.add_gl_pair(
+        [Source("fc1.weight", rows=(0, 4)), Source("fc1.bias", rows=(0, 4))],
+        Source("fc2.weight", axis=1, cols=(0, 4)),
+        heads=4,
+        label="neurons",
+    )
+    kind = geometry.kinds[0]
+    assert kind.shape == (5 + 3, 1) and kind.batch == 4
+    # partially covered tensors keep their uncovered entries in the adaptive vector
+    assert geometry.n_adaptive == 2 * 4 + 2 + 2 * 3 + 3
+    assert_roundtrip_exact(geometry)
+    x = torch.randn(5, 4, dtype=DT)
+    before = model(x)
+    alpha = [torch.rand(4, 1, 1, dtype=DT) + 0.5]  # positive: ReLU is only GL⁺(1)-invariant
+    act_through_geometry(model, geometry, alpha)
+    torch.testing.assert_close(model(x), before, rtol=1e-12, atol=1e-12)
+
+
+def test_explicit_api_errors():
+    model = TwoLayer()
+    geometry = ParameterGeometry(model)
+    with pytest.raises(KeyError, match="no parameter named 'nope'"):
+        geometry.add_gl_pair("nope", "fc2.weight")
+    with pytest.raises(ValueError, match="do not split into 4 heads"):
+        geometry.add_gl_pair("fc1.weight", Source("fc2.weight", axis=1), heads=4)
+    with pytest.raises(ValueError, match="full column rank"):
+        geometry.add_gl_pair(Source("fc1.weight"), Source("fc2.weight", axis=1), heads=1)
+    geometry.add_gl_pair(
+        Source("fc1.weight", rows=(0, 2)), Source("fc2.weight", axis=1, cols=(0, 2))
+    )
+    with pytest.raises(ValueError, match="already belong to another block"):
+        geometry.add_gl_pair(
+            Source("fc1.weight", rows=(1, 3)), Source("fc2.weight", axis=1, cols=(2, 4))
+        )
+    assert len(geometry.blocks) == 1  # a failed declaration leaves the geometry unchanged
+    with pytest.raises(ValueError, match="u has 4 entries but v has 3"):
+        geometry.add_rescale_pair(Source("fc1.bias", rows=(2, 6)), Source("fc2.bias"))
+    model.fc2.weight.requires_grad_(False)
+    with pytest.raises(ValueError, match="frozen"):
+        ParameterGeometry(model).add_gl_pair(
+            Source("fc1.weight", rows=(0, 2)), Source("fc2.weight", axis=1, cols=(0, 2))
+        )
+
+
+def test_half_precision_gathers_in_float32():
+    torch.manual_seed(0)
+    model = encoder(d=8, heads=2, layers=1).to(torch.bfloat16)
+    geometry = find_symmetries(model)
+    points, w = geometry.gather()
+    assert points[0].dtype == torch.float32 and w.dtype == torch.float32
+    assert_roundtrip_exact(geometry)
+
+
+def test_scatter_is_differentiable_and_does_not_touch_the_model():
+    model = encoder(d=8, heads=2, layers=1)
+    snapshot = {n: p.detach().clone() for n, p in model.named_parameters()}
+    geometry = find_symmetries(model)
+    points, w = geometry.gather()
+    points = [p.clone().requires_grad_() for p in points]
+    w = w.clone().requires_grad_()
+    params = geometry.scatter([p * 2 for p in points], w * 2)
+    loss = sum(t.sum() for t in params.values())
+    grads = torch.autograd.grad(loss, [*points, w])
+    for g in grads:
+        torch.testing.assert_close(g, torch.full_like(g, 2.0))
+    for n, p in model.named_parameters():
+        assert torch.equal(p, snapshot[n])

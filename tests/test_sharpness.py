@@ -1,0 +1,550 @@
+"""Sharpness measures: invariance along orbits, closed forms, the maximiser, model safety."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy.optimize import brentq
+from torch import nn
+
+import quotientgeo.sharpness as sharpness_module
+from quotientgeo.geometry import ParameterGeometry, find_symmetries
+from quotientgeo.manifolds import AdaptiveGeometry, GLQuotient, RescaleQuotient
+from quotientgeo.sharpness import (
+    SharpnessResult,
+    _AdaptiveBlock,
+    _checkpoints,
+    _isotropic,
+    adaptive_sharpness,
+    average_sharpness,
+    geodesic_sharpness,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:no parameter symmetry detected:UserWarning")
+
+DT = torch.float64
+SCALES = (1e-2, 1e-1, 1.0, 10.0, 100.0)
+
+
+def reparametrise(model, scale, seed=0):
+    """Copy of ``model`` with every head's QK and VO pair acted on by ``A = scale·N``.
+
+    The action is applied through the geometry: ``GLQuotient.act`` on the gathered points,
+    scattered back.
+    """
+    model = copy.deepcopy(model)
+    geometry = find_symmetries(model)
+    gen = torch.Generator().manual_seed(seed)
+    points, _ = geometry.gather()
+    moved = []
+    for kind, manifold, x in zip(geometry.kinds, geometry.manifolds(), points, strict=True):
+        h = kind.shape[1]
+        A = scale * torch.randn(kind.batch, h, h, generator=gen, dtype=x.dtype)
+        moved.append(manifold.act(x, A))
+    geometry.assign_(moved)
+    return model
+
+
+def relative_change(a, b):
+    return abs(a - b) / abs(b)
+
+
+# ---------------------------------------------------------------------- 1. invariance
+class Classifier(nn.Module):
+    def __init__(self, d=32, heads=4, layers=2, classes=3):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(
+            d, heads, dim_feedforward=2 * d, dropout=0.1, batch_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        return self.head(self.encoder(x).mean(dim=1))
+
+
+def classification_loss(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+@pytest.fixture(scope="module")
+def transformer_problem():
+    torch.manual_seed(0)
+    model = Classifier().to(DT)
+    gen = torch.Generator().manual_seed(1)
+    batches = [
+        (torch.randn(12, 6, 32, generator=gen, dtype=DT), torch.randint(0, 3, (12,), generator=gen))
+    ]
+    return model, batches
+
+
+def invariance_check(model, loss_fn, batches, outputs, rho, n_iter):
+    def measures(m):
+        kw = dict(rho=rho, n_iter=n_iter, progress=False)
+        return {
+            "mix": geodesic_sharpness(m, loss_fn, batches, metric="mix", **kw).value,
+            "inv": geodesic_sharpness(m, loss_fn, batches, metric="inv", **kw).value,
+            "adaptive": adaptive_sharpness(m, loss_fn, batches, **kw).value,
+        }
+
+    reference = measures(model)
+    assert all(v > 0 for v in reference.values())
+    adaptive_changes = []
+    for i, scale in enumerate(SCALES):
+        moved = reparametrise(model, scale, seed=i)
+        torch.testing.assert_close(outputs(moved), outputs(model), rtol=1e-9, atol=1e-10)
+        values = measures(moved)
+        for metric in ("mix", "inv"):
+            assert relative_change(values[metric], reference[metric]) < 1e-3, (
+                scale,
+                metric,
+                values,
+            )
+        adaptive_changes.append(relative_change(values["adaptive"], reference["adaptive"]))
+    assert max(adaptive_changes) > 0.10, adaptive_changes
+
+
+def test_invariance_transformer_encoder(transformer_problem):
+    model, batches = transformer_problem
+    model.eval()
+    invariance_check(model, classification_loss, batches, lambda m: m(batches[0][0]), 0.05, 12)
+
+
+def test_invariance_bert():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=40,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=24,
+        max_position_embeddings=12,
+        attn_implementation="eager",
+        initializer_range=0.3,
+    )
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).to(DT).eval()
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 40, (6, 8), generator=gen)
+    target = torch.randn(6, 16, generator=gen, dtype=DT)
+
+    def loss_fn(m, batch):
+        return (m(input_ids=batch).last_hidden_state.mean(1) - target).square().mean()
+
+    invariance_check(model, loss_fn, [ids], lambda m: m(input_ids=ids).last_hidden_state, 0.05, 10)
+
+
+# ---------------------------------------------------------------------- 3. diagonal networks
+class DiagonalNet(nn.Module):
+    """``y = X (u ⊙ v)``."""
+
+    def __init__(self, u, v):
+        super().__init__()
+        self.u, self.v = nn.Parameter(u), nn.Parameter(v)
+
+    def forward(self, X):
+        return X @ (self.u * self.v)
+
+
+@pytest.fixture(scope="module")
+def diagonal_problem():
+    gen = torch.Generator().manual_seed(0)
+    d, N = 6, 20
+    X, _ = torch.linalg.qr(torch.randn(N, d, generator=gen, dtype=DT))  # XᵀX = I
+    y = torch.randn(N, generator=gen, dtype=DT)
+    signs = lambda: torch.randint(0, 2, (d,), generator=gen).to(DT) * 2 - 1  # noqa: E731
+    u = signs() * (0.8 + 0.7 * torch.rand(d, generator=gen, dtype=DT))
+    v = signs() * (0.8 + 0.7 * torch.rand(d, generator=gen, dtype=DT))
+    model = DiagonalNet(u, v)
+    geometry = ParameterGeometry(model).add_rescale_pair("u", "v")
+    beta0, beta_star = (u * v), X.T @ y
+    return model, geometry, [(X, y)], beta0, beta_star
+
+
+def squared_loss(model, batch):
+    X, y = batch
+    return (model(X) - y).square().sum()
+
+
+def test_diagonal_mix_exact_closed_form(diagonal_problem):
+    model, geometry, batches, beta0, beta_star = diagonal_problem
+    rho = 0.1
+    result = geodesic_sharpness(
+        model,
+        squared_loss,
+        batches,
+        rho=rho,
+        metric="mix",
+        perturbation="exact",
+        symmetries=geometry,
+        n_iter=20,
+        progress=False,
+    )
+    expected = 2 * math.sqrt(2) * rho * float((beta0 - beta_star).norm()) + 2 * rho**2
+    assert result.value == pytest.approx(expected, rel=1e-2)
+    assert result.perturbation_norms[0] == pytest.approx(rho, rel=1e-6)
+
+
+def trust_region_max(g, M, radius):
+    """``max gᵀb + bᵀ diag(M) b`` over ``||b|| ≤ radius`` via the secular equation.
+
+    Stationarity ``g + 2 M b = 2 λ b`` gives ``b(λ) = g / (2 (λ - M))``; the maximiser has
+    ``λ > max(M, 0)`` and ``||b(λ)|| = radius`` (no hard case for generic ``g``).
+    """
+    lo = max(float(M.max()), 0.0) + 1e-12
+    phi = lambda lam: float((g / (2 * (lam - M))).norm()) - radius  # noqa: E731
+    hi = lo + 1.0
+    while phi(hi) > 0:
+        hi *= 2
+    lam = brentq(phi, lo, hi, xtol=1e-14)
+    b = g / (2 * (lam - M))
+    return float(g @ b + b @ (M * b))
+
+
+def test_diagonal_inv_second_order_model(diagonal_problem):
+    model, geometry, batches, beta0, beta_star = diagonal_problem
+    rho = 0.02
+    r = beta0 * (beta0 - beta_star)
+    D = beta0 * (2 * beta0 - beta_star)
+    # 4 b·r + 4 bᵀ D b over 2 ||b||² ≤ ρ²
+    expected = trust_region_max(4 * r, 4 * D, rho / math.sqrt(2))
+    result = geodesic_sharpness(
+        model,
+        squared_loss,
+        batches,
+        rho=rho,
+        metric="inv",
+        perturbation="exact",
+        symmetries=geometry,
+        n_iter=20,
+        progress=False,
+    )
+    assert result.value == pytest.approx(expected, rel=5e-2)
+
+
+# ---------------------------------------------------------------------- 4. adaptive baseline
+def mlp(seed=0, dtype=DT):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)).to(dtype)
+
+
+def mlp_batches(n=2, dtype=DT):
+    gen = torch.Generator().manual_seed(3)
+    return [
+        (torch.randn(10, 5, generator=gen, dtype=dtype), torch.randint(0, 3, (10,), generator=gen))
+        for _ in range(n)
+    ]
+
+
+def test_adaptive_equals_the_ablation_configuration(transformer_problem):
+    model, batches = transformer_problem
+    kw = dict(rho=0.05, n_iter=6, restarts=2, seed=7, progress=False)
+    a = adaptive_sharpness(model, classification_loss, batches, **kw)
+    b = geodesic_sharpness(
+        model,
+        classification_loss,
+        batches,
+        symmetries=None,
+        perturbation="first_order",
+        norm="adaptive",
+        **kw,
+    )
+    assert a.value == b.value and a.worst_losses == b.worst_losses and a.trace == b.trace
+    assert a.settings["measure"] == "adaptive"
+
+
+def test_adaptive_sharpness_definition_on_a_linear_loss():
+    """``L(w) = c·w``: the worst case over ``||ξ / |w|||₂ ≤ ρ`` is ``ρ ||c ⊙ |w|||₂``."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1, bias=False).to(DT)
+    with torch.no_grad():
+        model.weight[0, 2] = 0.0  # a zero weight cannot move (floor 1e-12)
+    x = torch.randn(7, 4, dtype=DT)
+    c = x.sum(0)
+    result = adaptive_sharpness(
+        model, lambda m, b: m(b).sum(), [x], rho=0.3, n_iter=5, progress=False
+    )
+    expected = 0.3 * float((c * model.weight[0].detach().abs()).norm())
+    assert result.value == pytest.approx(expected, rel=1e-10)
+
+
+def test_adaptive_block_matches_adaptive_geometry():
+    """The engine's whitened adaptive block is AdaptiveGeometry in other coordinates."""
+    w = torch.tensor([0.5, -2.0, 0.0, 3.0], dtype=DT)
+    geom = AdaptiveGeometry()
+    block = _AdaptiveBlock(w, geom.floor)
+    xi = torch.tensor([0.1, 0.2, 1e-13, -0.3], dtype=DT)
+    grad = torch.tensor([1.0, -1.0, 2.0, 0.5], dtype=DT)
+    c = xi / block.s
+    torch.testing.assert_close(block.sqnorm(c), geom.inner(w, xi))
+    torch.testing.assert_close(
+        block.ambient(block.rgrad(grad * block.s)), geom.egrad2rgrad(w, grad)
+    )
+    torch.testing.assert_close(block.move(c), geom.retr(w, xi))
+
+
+@pytest.mark.parametrize("metric", ["mix", "inv"])
+def test_random_directions_are_standard_gaussians_of_the_metric(metric):
+    """``<T e, T e'>_x = e·e'``: isotropic, hence equivariant in distribution."""
+    gen = torch.Generator().manual_seed(0)
+    cases = [(GLQuotient(5, metric), (3, 9, 2)), (RescaleQuotient(metric), (2, 2, 4))]
+    for manifold, shape in cases:
+        pt = manifold.at(manifold.random(*shape, dtype=DT) + 0.5)
+        e1, e2 = (torch.randn(shape, generator=gen, dtype=DT) for _ in range(2))
+        inner = manifold.inner(pt, _isotropic(manifold, pt, e1), _isotropic(manifold, pt, e2))
+        torch.testing.assert_close(inner, (e1 * e2).sum(dim=(-1, -2)))
+
+
+def test_maximiser_never_below_a_random_direction_it_saw():
+    model = mlp()
+    batches = mlp_batches()
+    result = geodesic_sharpness(
+        model, classification_loss, batches, rho=0.5, n_iter=8, restarts=4, seed=3, progress=False
+    )
+    for b, restarts in enumerate(result.trace):
+        seen = max(t[-1] for t in restarts)  # traces are best-so-far, so [-1] is each run's max
+        random_starts = [t[0] for t in restarts[1:]]
+        assert result.worst_losses[b] >= max(random_starts)
+        assert result.worst_losses[b] == max(seen, result.base_losses[b])
+        for t in restarts:
+            assert all(x <= y for x, y in itertools.pairwise(t))
+    avg = average_sharpness(
+        model, classification_loss, batches, rho=0.5, n_samples=16, seed=3, progress=False
+    )
+    for b in range(len(batches)):
+        assert result.worst_losses[b] >= avg.worst_losses[b]
+
+
+def test_device_side_tracking_matches_host_tracking(transformer_problem, monkeypatch):
+    """The CUDA path (``torch.where``, no per-iteration sync) gives the same run as the CPU one."""
+    model, batches = transformer_problem
+    kw = dict(rho=0.05, n_iter=12, restarts=2, seed=1, progress=False)
+    host = geodesic_sharpness(model, classification_loss, batches, **kw)
+    monkeypatch.setattr(sharpness_module, "_host_tracking", lambda device: False)
+    device = geodesic_sharpness(model, classification_loss, batches, **kw)
+    assert host.worst_losses == device.worst_losses and host.trace == device.trace
+    assert host.perturbation_norms == device.perturbation_norms
+
+
+def test_checkpoints_match_auto_pgd():
+    assert _checkpoints(100) == [22, 41, 58, 70, 80, 87, 93, 99]  # as ceil(p_j n) in the reference
+    assert _checkpoints(1) == []
+
+
+# ---------------------------------------------------------------------- 5. model safety
+class WithState(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(5, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.ReLU(), nn.Linear(8, 3)
+        )
+        self.attn = nn.MultiheadAttention(4, 2, batch_first=True)
+
+    def forward(self, x):
+        a = self.attn(x[:, None, :4], x[:, None, :4], x[:, None, :4])[0][:, 0]
+        return self.net(x) + a.sum(-1, keepdim=True)
+
+
+def snapshot(model):
+    return {
+        "params": {n: (id(p), p.detach().clone()) for n, p in model.named_parameters()},
+        "buffers": {n: (id(b), b.clone()) for n, b in model.named_buffers()},
+        "grads": {
+            n: None if p.grad is None else (id(p.grad), p.grad.clone())
+            for n, p in model.named_parameters()
+        },
+        "modes": [m.training for m in model.modules()],
+    }
+
+
+def assert_same(a, b):
+    assert a["modes"] == b["modes"]
+    for key in ("params", "buffers", "grads"):
+        assert a[key].keys() == b[key].keys()
+        for n in a[key]:
+            if a[key][n] is None:
+                assert b[key][n] is None
+                continue
+            (ia, ta), (ib, tb) = a[key][n], b[key][n]
+            assert ia == ib and ta.dtype == tb.dtype and torch.equal(ta, tb), (key, n)
+
+
+@pytest.fixture
+def stateful_model():
+    torch.manual_seed(0)
+    model = WithState().to(DT)
+    model.train()
+    model.net[2].eval()  # mixed modes must come back as they were
+    x = torch.randn(6, 5, dtype=DT)
+    classification_loss(model, (x, torch.zeros(6, dtype=torch.long))).backward()  # .grad set
+    model.net[0].bias.grad = None
+    return model
+
+
+@pytest.mark.parametrize("failure", [None, RuntimeError, KeyboardInterrupt])
+def test_model_restored_bit_exactly(stateful_model, failure):
+    model = stateful_model
+    before = snapshot(model)
+    calls = {"n": 0}
+    batches = mlp_batches()
+
+    def loss_fn(m, batch):
+        calls["n"] += 1
+        if failure is not None and calls["n"] == 5:
+            raise failure("injected")
+        return classification_loss(m, batch)
+
+    if failure is None:
+        geodesic_sharpness(model, loss_fn, batches, rho=0.1, n_iter=4, progress=False)
+        average_sharpness(model, loss_fn, batches, rho=0.1, n_samples=3, progress=False)
+    else:
+        with pytest.raises(failure, match="injected"):
+            geodesic_sharpness(model, loss_fn, batches, rho=0.1, n_iter=4, progress=False)
+    assert_same(before, snapshot(model))
+
+
+# ---------------------------------------------------------------------- bad input
+def test_bad_rho_and_sizes():
+    model, batches = mlp(), mlp_batches()
+    for rho in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="rho"):
+            adaptive_sharpness(model, classification_loss, batches, rho=rho, progress=False)
+    with pytest.raises(ValueError, match="n_iter"):
+        adaptive_sharpness(model, classification_loss, batches, rho=0.1, n_iter=0, progress=False)
+    with pytest.raises(ValueError, match="restarts"):
+        adaptive_sharpness(model, classification_loss, batches, rho=0.1, restarts=0, progress=False)
+    with pytest.raises(ValueError, match="metric must be one of"):
+        geodesic_sharpness(
+            model, classification_loss, batches, rho=0.1, metric="euclid", progress=False
+        )
+    with pytest.raises(TypeError, match="symmetries"):
+        geodesic_sharpness(
+            model, classification_loss, batches, rho=0.1, symmetries="yes", progress=False
+        )
+    with pytest.raises(ValueError, match="another model"):
+        geodesic_sharpness(
+            model,
+            classification_loss,
+            batches,
+            rho=0.1,
+            symmetries=ParameterGeometry(mlp()),
+            progress=False,
+        )
+
+
+def test_empty_batches():
+    for measure in (adaptive_sharpness, average_sharpness):
+        with pytest.raises(ValueError, match="batches is empty"):
+            measure(mlp(), classification_loss, [], rho=0.1, progress=False)
+    with pytest.raises(ValueError, match="batches is empty"):
+        adaptive_sharpness(mlp(), classification_loss, iter(()), rho=0.1, progress=False)
+
+
+def test_non_scalar_loss_names_batch_and_iteration():
+    model = mlp()
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"shape \(10, 3\) \(batch 0, iteration 0\)"):
+        adaptive_sharpness(
+            model, lambda m, b: m(b[0]).square(), mlp_batches(), rho=0.1, progress=False
+        )
+    assert_same(before, snapshot(model))
+
+
+def test_non_finite_loss_names_batch_and_iteration():
+    model = mlp()
+    before = snapshot(model)
+    calls = {"n": 0}
+
+    def loss_fn(m, batch):
+        calls["n"] += 1
+        loss = classification_loss(m, batch)
+        return loss * float("nan") if calls["n"] == 10 + 4 else loss  # batch 1, iteration 3
+
+    with pytest.raises(ValueError, match=r"non-finite loss \(nan\) on batch 1 at iteration 3"):
+        adaptive_sharpness(model, loss_fn, mlp_batches(), rho=0.1, n_iter=9, progress=False)
+    assert_same(before, snapshot(model))
+
+
+def test_no_symmetry_warns_and_falls_back_to_adaptive():
+    model, batches = mlp(), mlp_batches(1)
+    with pytest.warns(UserWarning, match="no parameter symmetry detected"):
+        r = geodesic_sharpness(
+            model, classification_loss, batches, rho=0.1, n_iter=5, progress=False
+        )
+    a = adaptive_sharpness(model, classification_loss, batches, rho=0.1, n_iter=5, progress=False)
+    assert r.value == a.value  # without blocks the geometry is the adaptive one
+
+
+def test_half_precision_computes_in_float32():
+    model = Classifier(d=8, heads=2, layers=1).to(torch.bfloat16)
+    x = torch.randn(4, 3, 8, dtype=torch.bfloat16)
+    batches = [(x, torch.tensor([0, 1, 2, 0]))]
+    with pytest.warns(UserWarning, match="computed in float32"):
+        r = geodesic_sharpness(
+            model, classification_loss, batches, rho=0.05, n_iter=3, progress=False
+        )
+    assert math.isfinite(r.value) and r.settings["dtype"] == "torch.float32"
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+
+
+# ---------------------------------------------------------------------- ablations and results
+def test_every_ablation_combination_runs():
+    torch.manual_seed(0)
+    model = Classifier(d=8, heads=2, layers=1).to(DT)
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(4, 3, 8, generator=gen, dtype=DT), torch.tensor([0, 1, 2, 0]))]
+    grid = itertools.product(
+        ("mix", "inv"),
+        ("second_order", "first_order", "exact"),
+        ("riemannian", "adaptive"),
+        ("auto", None),
+    )
+    for metric, perturbation, norm, symmetries in grid:
+        kw = dict(
+            rho=0.05,
+            metric=metric,
+            perturbation=perturbation,
+            norm=norm,
+            symmetries=symmetries,
+            progress=False,
+        )
+        worst = geodesic_sharpness(model, classification_loss, batches, n_iter=2, **kw)
+        average = average_sharpness(model, classification_loss, batches, n_samples=2, **kw)
+        assert math.isfinite(worst.value) and math.isfinite(average.value)
+        assert worst.value >= 0
+        assert worst.perturbation_norms[0] <= 0.05 * (1 + 1e-9)
+
+
+def test_result_to_dict_is_json():
+    result = geodesic_sharpness(
+        Classifier(d=8, heads=2, layers=1).to(DT),
+        classification_loss,
+        [(torch.randn(4, 3, 8, dtype=DT), torch.tensor([0, 1, 2, 0]))],
+        rho=0.05,
+        n_iter=3,
+        progress=False,
+    )
+    assert isinstance(result, SharpnessResult)
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["value"] == result.value and data["settings"]["metric"] == "mix"
+    assert len(data["trace"][0][0]) == 4  # the base point and 3 iterates
+    assert "GL(4) pairs" in data["settings"]["geometry"]
+    assert "value=" in repr(result)
+
+
+def test_progress_bar_is_silent_when_disabled(capsys):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        adaptive_sharpness(
+            mlp(), classification_loss, mlp_batches(1), rho=0.1, n_iter=2, progress=False
+        )
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
