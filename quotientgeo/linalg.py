@@ -45,6 +45,17 @@ def cholesky(spd: Tensor, what: str = "matrix") -> Tensor:
         ) from err
 
 
+def cholesky_inverse(L: Tensor) -> Tensor:
+    """``(L Lᵀ)⁻¹`` from a lower Cholesky factor.
+
+    Not ``torch.cholesky_inverse``, whose forward-mode AD is wrong (the generic path
+    differentiates through this with ``torch.func.jvp``); the identity is materialised because
+    forward-mode AD of a broadcast one is wrong too.
+    """
+    eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).repeat(*L.shape[:-2], 1, 1)
+    return torch.cholesky_solve(eye, L)
+
+
 class SylvesterBasis(NamedTuple):
     """Eigen-decomposition of the operator ``X ↦ A X + X A`` with ``A = P Q``.
 

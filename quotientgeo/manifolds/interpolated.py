@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..linalg import cholesky, gram, mT
+from ..linalg import cholesky, cholesky_inverse, gram, mT
 from .base import AtPoint, QuotientManifold, as_tensor
 from .gl import GLQuotient
 
@@ -102,10 +102,8 @@ class InterpolatedGLQuotient(QuotientManifold):
         P, Q = gram(G, self.eps), gram(H, self.eps)
         if self.s == 1.0:
             return Q, P
-        # cholesky_solve of an expanded identity: forward-mode AD (christoffel) needs both
-        eye = torch.eye(P.shape[-1], dtype=P.dtype, device=P.device).expand(P.shape)
-        P_inv = torch.cholesky_solve(eye, cholesky(P, "GᵀG"))
-        Q_inv = torch.cholesky_solve(eye, cholesky(Q, "HᵀH"))
+        P_inv = cholesky_inverse(cholesky(P, "GᵀG"))
+        Q_inv = cholesky_inverse(cholesky(Q, "HᵀH"))
         if self.s == 0.0:
             return P_inv, Q_inv
         s = self.s
@@ -124,7 +122,6 @@ class InterpolatedGLQuotient(QuotientManifold):
             G, H = self.split(x)
             return self.join(vG @ gram(G, self.eps), vH @ gram(H, self.eps))
         W_G, W_H = self.weights(x)
-        eye = torch.eye(W_G.shape[-1], dtype=W_G.dtype, device=W_G.device).expand(W_G.shape)
-        W_G_inv = torch.cholesky_solve(eye, cholesky(W_G, "the metric weight W_G"))
-        W_H_inv = torch.cholesky_solve(eye, cholesky(W_H, "the metric weight W_H"))
+        W_G_inv = cholesky_inverse(cholesky(W_G, "the metric weight W_G"))
+        W_H_inv = cholesky_inverse(cholesky(W_H, "the metric weight W_H"))
         return self.join(vG @ W_G_inv, vH @ W_H_inv)
