@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .manifolds import GLQuotient, RescaleQuotient
+from .manifolds import GLQuotient, InterpolatedGLQuotient, RescaleQuotient
 
 Tensor = torch.Tensor
 
@@ -101,8 +101,19 @@ class Kind:
     def batch(self) -> int:
         return sum(self.sizes)
 
-    def manifold(self, metric: str = "mix", *, eps: float = 0.0, exp_steps: int = 10):
-        """The quotient manifold of this kind for ``metric``."""
+    def manifold(self, metric: str | float = "mix", *, eps: float = 0.0, exp_steps: int = 10):
+        """The quotient manifold of this kind for ``metric``.
+
+        ``metric`` is ``"inv"``, ``"mix"`` or, for GL kinds, a number ``s ∈ [0, 1]``: the
+        metric ``(1-s)·inv + s·mix`` of :class:`~quotientgeo.InterpolatedGLQuotient`.
+        """
+        if not isinstance(metric, str):
+            if self.type != "gl":
+                raise ValueError(
+                    f"the interpolated metric s={metric} is defined for GL pairs only; "
+                    "re-scaling pairs take metric='inv' or 'mix'"
+                )
+            return InterpolatedGLQuotient(self.n, float(metric), eps=eps, exp_steps=exp_steps)
         if self.type == "gl":
             return GLQuotient(self.n, metric=metric, eps=eps, exp_steps=exp_steps)
         return RescaleQuotient(metric=metric, exp_steps=exp_steps)
@@ -398,7 +409,9 @@ class ParameterGeometry:
         """Number of GL pairs (heads) over all kinds."""
         return sum(k.batch for k in self.kinds if k.type == "gl")
 
-    def manifolds(self, metric: str = "mix", *, eps: float = 0.0, exp_steps: int = 10) -> list:
+    def manifolds(
+        self, metric: str | float = "mix", *, eps: float = 0.0, exp_steps: int = 10
+    ) -> list:
         """One quotient manifold per kind (same order as :attr:`kinds` and :meth:`gather`)."""
         return [k.manifold(metric, eps=eps, exp_steps=exp_steps) for k in self.kinds]
 

@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 
 from .geometry import _HALF, ParameterGeometry, find_symmetries
 from .linalg import cholesky, gram
-from .manifolds import AdaptiveGeometry, GLQuotient
+from .manifolds import AdaptiveGeometry, GLQuotient, InterpolatedGLQuotient
 
 Tensor = torch.Tensor
 
@@ -183,6 +183,17 @@ def _isotropic(manifold, pt, e: Tensor) -> Tensor:
         solve = torch.linalg.solve_triangular
         return manifold.join(
             solve(LQ, eG, upper=False, left=False), solve(LP, eH, upper=False, left=False)
+        )
+    if isinstance(manifold, InterpolatedGLQuotient):  # tr(ξ W ξᵀ) = |e|²: ξ = e L⁻¹, W = L Lᵀ
+
+        def weight_factors():
+            return tuple(cholesky(W, "the metric weight") for W in manifold.weights(pt.x))
+
+        LG, LH = pt.cached("isotropic_cholesky", weight_factors)
+        eG, eH = manifold.split(e)
+        solve = torch.linalg.solve_triangular
+        return manifold.join(
+            solve(LG, eG, upper=False, left=False), solve(LH, eH, upper=False, left=False)
         )
     # diagonal metrics (re-scaling, adaptive): ξ = e / sqrt(diag M)
     return e / manifold.metric(pt.x, torch.ones_like(e)).sqrt()
@@ -421,8 +432,11 @@ def _setup(model, loss_fn, symmetries, metric, perturbation, norm, warn_missing=
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not callable(loss_fn):
         raise TypeError("loss_fn must be callable as loss_fn(model, batch) -> scalar tensor")
+    spectrum = isinstance(metric, (int, float)) and not isinstance(metric, bool)
+    if spectrum and not 0 <= metric <= 1:
+        raise ValueError(f"an interpolated metric s must lie in [0, 1], got {metric!r}")
     for value, allowed, what in (
-        (metric, METRICS, "metric"),
+        (metric if not spectrum else METRICS[0], METRICS, "metric"),
         (perturbation, PERTURBATIONS, "perturbation"),
         (norm, NORMS, "norm"),
     ):
@@ -490,7 +504,7 @@ def geodesic_sharpness(
     batches: Iterable,
     *,
     rho: float,
-    metric: str = "mix",
+    metric: str | float = "mix",
     perturbation: str = "second_order",
     norm: str = "riemannian",
     symmetries: str | ParameterGeometry | None = "auto",
@@ -509,7 +523,9 @@ def geodesic_sharpness(
             device inside it if needed).
         batches: any iterable of batches (a list, a ``DataLoader``), iterated once.
         rho: ball radius (> 0).
-        metric: ``"mix"`` or ``"inv"``: the GL/re-scaling quotient metric of symmetry blocks.
+        metric: ``"mix"`` or ``"inv"``: the GL/re-scaling quotient metric of symmetry blocks;
+            a number ``s ∈ [0, 1]`` gives GL blocks the metric ``(1-s)·inv + s·mix``
+            (:class:`~quotientgeo.InterpolatedGLQuotient`, geometry from the generic base).
         perturbation: ``"second_order"`` (``x + ξ - ½Γ(ξ,ξ)``), ``"first_order"`` (``x + ξ``)
             or ``"exact"`` (the geodesic; RK4 for GL blocks) on symmetry blocks; the adaptive
             rest always moves along straight lines.
@@ -626,7 +642,7 @@ def average_sharpness(
     batches: Iterable,
     *,
     rho: float,
-    metric: str = "mix",
+    metric: str | float = "mix",
     perturbation: str = "second_order",
     norm: str = "riemannian",
     symmetries: str | ParameterGeometry | None = "auto",

@@ -16,7 +16,12 @@ from torch import nn
 
 import quotientgeo.sharpness as sharpness_module
 from quotientgeo.geometry import ParameterGeometry, find_symmetries
-from quotientgeo.manifolds import AdaptiveGeometry, GLQuotient, RescaleQuotient
+from quotientgeo.manifolds import (
+    AdaptiveGeometry,
+    GLQuotient,
+    InterpolatedGLQuotient,
+    RescaleQuotient,
+)
 from quotientgeo.sharpness import (
     SharpnessResult,
     _AdaptiveBlock,
@@ -301,6 +306,33 @@ def test_random_directions_are_standard_gaussians_of_the_metric(metric):
         e1, e2 = (torch.randn(shape, generator=gen, dtype=DT) for _ in range(2))
         inner = manifold.inner(pt, _isotropic(manifold, pt, e1), _isotropic(manifold, pt, e2))
         torch.testing.assert_close(inner, (e1 * e2).sum(dim=(-1, -2)))
+
+
+def test_random_directions_isotropic_for_the_interpolated_metric():
+    gen = torch.Generator().manual_seed(0)
+    manifold = InterpolatedGLQuotient(5, 0.3)
+    pt = manifold.at(manifold.random(3, 9, 2, dtype=DT))
+    e1, e2 = (torch.randn(3, 9, 2, generator=gen, dtype=DT) for _ in range(2))
+    inner = manifold.inner(pt, _isotropic(manifold, pt, e1), _isotropic(manifold, pt, e2))
+    torch.testing.assert_close(inner, (e1 * e2).sum(dim=(-1, -2)))
+
+
+def test_metric_spectrum_endpoints_and_invariance(transformer_problem):
+    """``metric=s``: ``(1-s)·inv + s·mix``; s = 0, 1 give inv, mix; any s is orbit-invariant."""
+    model, batches = transformer_problem
+    model.eval()
+
+    def value(m, metric):
+        kw = dict(rho=0.05, n_iter=6, progress=False)
+        return geodesic_sharpness(m, classification_loss, batches, metric=metric, **kw).value
+
+    for s, name in ((0.0, "inv"), (1.0, "mix")):
+        assert relative_change(value(model, s), value(model, name)) < 1e-9
+    reference = value(model, 0.5)
+    moved = reparametrise(model, 10.0, seed=3)
+    assert relative_change(value(moved, 0.5), reference) < 1e-3
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        value(model, 1.5)
 
 
 def test_maximiser_never_below_a_random_direction_it_saw():

@@ -1,0 +1,119 @@
+"""Every ``quotientgeo reproduce NAME --quick`` runs end to end and writes sane JSON and PNGs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from quotientgeo.cli import main
+from quotientgeo.experiments import COMMANDS
+
+pytest.importorskip("matplotlib")
+pytest.importorskip("scipy")
+pytest.importorskip("sklearn")
+
+# command -> (JSON file, PNG files, required keys of kendall_tau or None)
+EXPECTED = {
+    "diagonal": ("diagonal.json", ["diagonal.png"], ["adaptive", "geodesic_inv", "geodesic_mix"]),
+    "toy": ("toy.json", ["toy.png"], None),
+    "invariance": ("invariance.json", ["invariance.png"], None),
+    "transformers": (
+        "transformers.json",
+        ["transformers.png"],
+        [
+            "adaptive",
+            "geodesic_inv",
+            "geodesic_mix",
+            "no_symmetry",
+            "first_order_mix",
+            "exact_mix",
+            "norm_adaptive_mix",
+        ],
+    ),
+    "rho-sweep": ("rho_sweep.json", ["rho_sweep.png"], None),
+}
+
+
+def _numbers(obj):
+    """Every number in a JSON tree (bools excluded)."""
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _numbers(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _numbers(v)
+    elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        yield obj
+
+
+def test_every_command_is_tested():
+    assert set(COMMANDS) == set(EXPECTED)
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """``quick(name) -> (out folder, JSON payload)``; each command runs once per module."""
+    done = {}
+
+    def get(name):
+        if name not in done:
+            out = tmp_path_factory.mktemp(name)
+            assert main(["reproduce", name, "--quick", "--no-progress", "--out", str(out)]) == 0
+            done[name] = out, json.loads((out / EXPECTED[name][0]).read_text())
+        return done[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_quick_run(name, quick):
+    _, pngs, tau_keys = EXPECTED[name]
+    tmp_path, payload = quick(name)
+    assert payload["quick"] is True
+    numbers = list(_numbers(payload))
+    assert numbers and all(math.isfinite(x) for x in numbers)
+    if tau_keys is not None:
+        taus = payload["kendall_tau"]
+        for key in tau_keys:
+            assert isinstance(taus[key], float) and -1.0 <= taus[key] <= 1.0, key
+    for png in pngs:
+        path = tmp_path / png
+        assert path.stat().st_size > 1000
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_invariance_quick_is_invariant(quick):
+    _, payload = quick("invariance")
+    assert payload["max_output_change"] < 1e-10
+    assert payload["max_relative_deviation"]["geodesic_mix"] < 1e-3
+    assert payload["max_relative_deviation"]["geodesic_inv"] < 1e-3
+
+
+def test_transformers_reuses_cache(tmp_path, capsys):
+    args = [
+        "reproduce",
+        "transformers",
+        "--quick",
+        "--no-progress",
+        "--out",
+        str(tmp_path),
+        "--n-models",
+        "3",
+        "--n-iter",
+        "1",
+    ]
+    main(args)
+    main(args)
+    assert "3/3 models from the cache" in capsys.readouterr().out
+
+
+def test_toy_riemannian_quantities_are_invariant(quick):
+    _, payload = quick("toy")
+    for metric in ("inv", "mix"):
+        var = payload["orbit_relative_variation"][metric]
+        assert var["riemannian_grad_norm"] < 1e-10
+        assert var["riemannian_hessian_trace"] < 1e-4
+        assert var["euclidean_grad_norm"] > 0.1
+        assert var["euclidean_hessian_trace"] > 0.1
