@@ -74,11 +74,3 @@ class AdaptiveGeometry(QuotientManifold):
         x = as_tensor(x)
         w = torch.where(x < 0, -self._scale(x), self._scale(x))
         return w * torch.exp(u / w)
-
-    def random(self, *size, dtype=None, device=None, **kwargs) -> Tensor:
-        size = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
-        return torch.randn(*size, dtype=dtype, device=device)
-
-    def origin(self, *size, dtype=None, device=None, seed=42) -> Tensor:
-        size = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
-        return torch.ones(*size, dtype=dtype, device=device)

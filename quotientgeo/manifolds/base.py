@@ -347,6 +347,22 @@ class QuotientManifold(Manifold):
         """Every admissible point represents itself: the identity."""
         return x
 
+    def _checked_size(self, size) -> tuple[int, ...]:
+        """``random(2, 3)`` or ``random((2, 3))``, validated by :meth:`_check_shape`."""
+        size = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+        ok, reason = self._check_shape(size, "size")
+        if not ok:
+            raise ValueError(reason)
+        return size
+
+    def random(self, *size, dtype=None, device=None, **kwargs) -> Tensor:
+        """Standard Gaussian entries (override where that is not an admissible point)."""
+        return torch.randn(*self._checked_size(size), dtype=dtype, device=device)
+
+    def origin(self, *size, dtype=None, device=None, seed=42) -> Tensor:
+        """All ones (override where that is not an admissible point)."""
+        return torch.ones(*self._checked_size(size), dtype=dtype, device=device)
+
     # ------------------------------------------------------------------ not available
     def dist(self, x, y, *, keepdim=False):
         raise NotImplementedError(

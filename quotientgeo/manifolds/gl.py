@@ -248,18 +248,12 @@ class GLQuotient(QuotientManifold):
 
     def random(self, *size, dtype=None, device=None, **kwargs) -> Tensor:
         """Gaussian factors (full rank with probability one), entries ``N(0, 1/h)``."""
-        size = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
-        ok, reason = self._check_shape(size, "size")
-        if not ok:
-            raise ValueError(reason)
+        size = self._checked_size(size)
         return torch.randn(*size, dtype=dtype, device=device) / size[-1] ** 0.5
 
     def origin(self, *size, dtype=None, device=None, seed=42) -> Tensor:
         """``[I_{n×h}; I_{m×h}]`` broadcast to ``size``."""
-        size = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
-        ok, reason = self._check_shape(size, "size")
-        if not ok:
-            raise ValueError(reason)
+        size = self._checked_size(size)
         rows, h = size[-2], size[-1]
         eye = lambda r: torch.eye(r, h, dtype=dtype, device=device)  # noqa: E731
         return torch.cat([eye(self.n), eye(rows - self.n)], dim=-2).expand(*size).clone()

@@ -131,19 +131,3 @@ class RescaleQuotient(QuotientManifold):
         if smallest == 0:
             return False, "the point has zero entries; the re-scaling action is not free there"
         return True, f"smallest |entry| = {smallest:.3e}"
-
-    def random(self, *size, dtype=None, device=None, **kwargs) -> Tensor:
-        """Gaussian entries (non-zero with probability one)."""
-        size = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
-        ok, reason = self._check_shape(size, "size")
-        if not ok:
-            raise ValueError(reason)
-        return torch.randn(*size, dtype=dtype, device=device)
-
-    def origin(self, *size, dtype=None, device=None, seed=42) -> Tensor:
-        """All ones."""
-        size = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
-        ok, reason = self._check_shape(size, "size")
-        if not ok:
-            raise ValueError(reason)
-        return torch.ones(*size, dtype=dtype, device=device)
