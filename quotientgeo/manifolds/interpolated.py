@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..linalg import cholesky, cholesky_inverse, gram, mT
-from .base import AtPoint, QuotientManifold, as_tensor
+from ..linalg import cholesky, cholesky_inverse, gram
+from .base import AtPoint, QuotientManifold
 from .gl import GLQuotient
 
 Tensor = torch.Tensor
@@ -42,13 +42,17 @@ class InterpolatedGLQuotient(QuotientManifold):
     name = "InterpolatedGLQuotient"
     ndim = 2
 
-    # layout and point checks are shared with GLQuotient (no geometry is inherited)
+    # layout, group action and point checks are GLQuotient's; no metric geometry is inherited
     split = GLQuotient.split
     join = GLQuotient.join
     _check_shape = GLQuotient._check_shape
     _check_point_on_manifold = GLQuotient._check_point_on_manifold
     random = GLQuotient.random
     origin = GLQuotient.origin
+    lie_shape = GLQuotient.lie_shape
+    vertical = GLQuotient.vertical
+    act = GLQuotient.act
+    push = GLQuotient.push
 
     point_aware = True
 
@@ -75,25 +79,7 @@ class InterpolatedGLQuotient(QuotientManifold):
     def extra_repr(self) -> str:
         return f"n={self.n}, s={self.s}, eps={self.eps}"
 
-    # ------------------------------------------------------------------ primitives
-    def lie_shape(self, x) -> tuple[int, int]:
-        h = as_tensor(x).shape[-1]
-        return (h, h)
-
-    def vertical(self, x, omega: Tensor) -> Tensor:
-        """``(-G Ω, H Ωᵀ)``."""
-        G, H = self.split(x)
-        return self.join(-G @ omega, H @ mT(omega))
-
-    def act(self, x, A: Tensor) -> Tensor:
-        """``(G, H) ↦ (G A⁻¹, H Aᵀ)`` for ``A`` of shape ``(..., h, h)``."""
-        G, H = self.split(x)
-        return self.join(torch.linalg.solve(A, G, left=False), H @ mT(A))
-
-    def push(self, x, u: Tensor, A: Tensor) -> Tensor:
-        """Differential of the action: ``(ξ_G, ξ_H) ↦ (ξ_G A⁻¹, ξ_H Aᵀ)``."""
-        return self.act(u, A)
-
+    # ------------------------------------------------------------------ metric
     def weights(self, x) -> tuple[Tensor, Tensor]:
         """``(W_G, W_H) = ((1-s) P⁻¹ + s Q, (1-s) Q⁻¹ + s P)``; terms with weight 0 are skipped."""
         if isinstance(x, AtPoint):  # computed once per cached point
