@@ -49,6 +49,15 @@ def acted_cond(m, xa) -> float:
     return max(torch.linalg.cond(F.double()).max().item() for F in m.split(xa))
 
 
+def conditioned_tol(m, x, k: float = 100.0) -> float:
+    """``k`` eps times ``max(cond(P)·cond(Q), 10)``: rounding in the projection grows with the
+    conditioning of the Gram matrices (the inv Sylvester solve most), so a fixed multiple of
+    eps is only right for well-conditioned factors."""
+    G, H = m.split(x.double())
+    cond = torch.linalg.cond(mT(G) @ G).max() * torch.linalg.cond(mT(H) @ H).max()
+    return tol(x.dtype, k) * max(cond.item(), 10.0)
+
+
 def metric_rel(m, x, a, b):
     """``||a - b||_x / ||b||_x`` (max over the batch), in float64."""
     x, a, b = x.double(), a.double(), b.double()
@@ -139,11 +148,12 @@ def test_proju_orthogonal_to_vertical_and_idempotent(case):
     vert = m.vertical(x, omega.to(case.dtype))
     pu = m.proju(x, u)
     cos = m.inner(x, pu, vert).double().abs() / (m.norm(x, pu) * m.norm(x, vert)).double()
-    assert cos.max().item() <= tol(case.dtype, 1000)
-    assert metric_rel(m, x, m.proju(x, pu), pu) <= tol(case.dtype, 1000)
+    k = conditioned_tol(m, x)
+    assert cos.max().item() <= k
+    assert metric_rel(m, x, m.proju(x, pu), pu) <= k
     # vertical vectors project to zero, horizontal part plus vertical part is the input
     residual = m.norm(x, m.proju(x, vert)).double() / m.norm(x, vert).double()
-    assert residual.max().item() <= tol(case.dtype, 1000)
+    assert residual.max().item() <= k
 
 
 @given(gl_cases())
@@ -164,20 +174,23 @@ def test_proju_satisfies_horizontal_equations(case):
 
 @given(gl_cases(metric="inv"))
 def test_inv_sylvester_agrees_with_scipy(case):
-    """Item 2: ``Λ = Xᵀ``, ``A X + X A = B``, ``A = PQ``, ``B = P Hᵀ ξ_H − ξ_Gᵀ G Q``, per head."""
+    """Item 2: ``Λ = Xᵀ``, ``A X + X A = B``, ``A = PQ``, ``B = P Hᵀ ξ_H − ξ_Gᵀ G Q``, per head.
+
+    Compared through the projections ``(ξ_G + G Λ, ξ_H − H Λᵀ)``: recovering ``Λ`` from
+    ``proju``'s output would subtract nearly equal numbers whenever ``G Λ`` is small next to
+    ``ξ_G`` and lose the digits the comparison is about.
+    """
     m, x, u = case.manifold, case.x, case.u
     G, H = m.split(x.double())
     uG, uH = m.split(u.double())
-    pG, _ = m.split(m.proju(x, u).double())
-    # proj_G = ξ_G + G Λ, G of full column rank: Λ = P⁻¹ Gᵀ (proj_G − ξ_G)
     P, Q = mT(G) @ G, mT(H) @ H
-    Lam = torch.linalg.solve(P, mT(G) @ (pG - uG))
     A = (P @ Q).reshape(-1, case.h, case.h).numpy()
     B = (P @ mT(H) @ uH - mT(uG) @ G @ Q).reshape(-1, case.h, case.h).numpy()
     X = np.stack([scipy.linalg.solve_sylvester(a, a, b) for a, b in zip(A, B, strict=True)])
-    expected = torch.from_numpy(X).reshape(mT(Lam).shape)
+    Lam = mT(torch.from_numpy(X).reshape(P.shape))
+    expected = m.join(uG + G @ Lam, uH - H @ mT(Lam))
     cond = torch.linalg.cond(P).max().item() * torch.linalg.cond(Q).max().item()
-    assert rel_err(mT(Lam), expected) <= tol(case.dtype, 100) * cond
+    assert rel_err(m.proju(x, u).double(), expected) <= tol(case.dtype, 100) * cond
 
 
 # --------------------------------------------------------------------------- equivariance
@@ -362,7 +375,7 @@ def test_retr_transp_and_expmap_transp(case):
     assert torch.equal(m.retr(x, u), x + u)
     y, w = m.retr_transp(x, u, case.v)
     assert torch.equal(y, x + u)
-    assert metric_rel(m, y, m.proju(y, w), w) <= tol(case.dtype, 1000)
+    assert metric_rel(m, y, m.proju(y, w), w) <= conditioned_tol(m, y)
     y2, w2 = m.expmap_transp(x, u, case.v)
     assert torch.allclose(y2, m.expmap(x, u))
     assert metric_rel(m, y2, w2, m.proju(y2, case.v)) <= tol(case.dtype, 10)

@@ -96,6 +96,13 @@ def test_equivariance(method, case):
     else:
         acted = getattr(m, method)(xa, m.push(x, u, alpha))
         expected = m.push(x, getattr(m, method)(x, u), alpha)
+    if method == "proju":
+        # an orthogonal projection rounds relative to its input: b = ½(ξ_u/u + ξ_v/v) can
+        # cancel, leaving an output much shorter than the input
+        pushed = m.push(x, u, alpha)
+        gap = m.norm(xa, acted - expected).double() / m.norm(xa, pushed).double()
+        assert gap.max().item() <= tol(x.dtype, 200)
+        return
     assert metric_rel(m, xa, acted, expected) <= tol(x.dtype, 200)
 
 
@@ -171,8 +178,11 @@ def test_expmap2_third_order(case, horizontal):
 @given(rescale_cases())
 def test_egrad2rgrad_and_cache(case):
     m, x, u, _, _ = case
-    w = x.square() if m.metric_name == "inv" else 1 / x.flip(-2).square()
-    assert rel_err(m.egrad2rgrad(x, u), m.proju(x, u * w)) <= tol(x.dtype, 10)
+    # M⁻¹u written as the closed forms of the class docstring (u ⊙ x², or u divided by the
+    # swapped x²): a precomputed reciprocal rounds differently, and the cancellation in
+    # b = ½ (ξ_u/u + ξ_v/v) can amplify one ulp past 10 eps in float32.
+    m_inv_u = u * x.square() if m.metric_name == "inv" else u / x.flip(-2).square()
+    assert rel_err(m.egrad2rgrad(x, u), m.proju(x, m_inv_u)) <= tol(x.dtype, 10)
     p = m.at(x)
     for method in ("proju", "egrad2rgrad", "christoffel", "expmap2", "expmap", "inner"):
         assert torch.equal(getattr(p, method)(u), getattr(m, method)(x, u))
@@ -213,7 +223,12 @@ def test_adaptive_geometry(dtype, batch, d, seed):
     assert rel_err(a.norm(w, xi), torch.linalg.vector_norm(xi / w.abs(), dim=-1), 0) <= k
     assert rel_err(a.egrad2rgrad(w, xi), xi * w.square(), 1) <= k
     assert torch.equal(a.proju(w, xi), xi)
-    assert rel_err(a.christoffel(w, xi), a.generic().christoffel(w, xi), 1) <= tol(dtype, 1000)
+    # the generic path inverts M by conjugate gradients, which stop at a relative residual
+    # (1e-6 in float32): the solution error is bounded by that times cond(M) = (max|w|/min|w|)²
+    cond = (w.abs().amax() / w.abs().amin()).item() ** 2
+    assert rel_err(a.christoffel(w, xi), a.generic().christoffel(w, xi), 1) <= max(
+        tol(dtype, 1000), (1e-13 if dtype == torch.float64 else 1e-6) * cond
+    )
     assert a.inner(w, xi, keepdim=True).shape == (*batch, 1)
 
 
