@@ -143,3 +143,17 @@ def trained(cfg: TrainConfig, data, cache: Path, data_seed: int) -> tuple[Digits
     torch.save({"state_dict": model.state_dict(), "config": asdict(cfg), "metrics": metrics}, tmp)
     tmp.replace(path)
     return model, {**metrics, "cached": False}
+
+
+def small_trained(quick: bool, seed: int):
+    """One small ViT trained briefly on 300 digits, and that data (invariance, rho-sweep)."""
+    data = load_digits_split(300, seed)
+    cfg = TrainConfig(
+        width=16 if quick else 32,
+        lr=3e-3,
+        weight_decay=0.0,
+        batch_size=32,
+        epochs=3 if quick else 10,
+        seed=seed,
+    )
+    return train(cfg, data), data

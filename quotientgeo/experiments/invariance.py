@@ -60,17 +60,9 @@ def run(args: argparse.Namespace) -> int:
         if args.quick
         else torch.logspace(-2, 2, 9, dtype=torch.float64).tolist()
     )
-    data = _vit.load_digits_split(300, args.seed)
-    cfg = _vit.TrainConfig(
-        width=16 if args.quick else 32,
-        lr=3e-3,
-        weight_decay=0.0,
-        batch_size=32,
-        epochs=3 if args.quick else 10,
-        seed=args.seed,
-    )
     with C.threads(1):
-        model = _vit.train(cfg, data).double()
+        model, data = _vit.small_trained(args.quick, args.seed)
+        model = model.double()
         x, y = data["x_train"][:128].double(), data["y_train"][:128]
         batches = [(x, y)]
         with torch.no_grad():

@@ -26,16 +26,7 @@ def models(args):
     hp["alpha"][:] = 0.1
     t = diagonal.train_population(data, hp, cfg, args.seed)
     dnet = diagonal.DiagonalNet(t["u"][0], t["v"][0])
-    vdata = _vit.load_digits_split(300, args.seed)
-    vcfg = _vit.TrainConfig(
-        width=16 if args.quick else 32,
-        lr=3e-3,
-        weight_decay=0.0,
-        batch_size=32,
-        epochs=3 if args.quick else 10,
-        seed=args.seed,
-    )
-    vit = _vit.train(vcfg, vdata)
+    vit, vdata = _vit.small_trained(args.quick, args.seed)
     vbatch = [(vdata["x_train"][:128], vdata["y_train"][:128])]
     return {
         "diagonal": (dnet, diagonal.mse, [(data["X"], data["y"])], diagonal.rescale_geometry(dnet)),
