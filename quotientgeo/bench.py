@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -20,14 +21,38 @@ from .manifolds import GLQuotient
 
 def median_time(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) -> float:
     """Median wall time of ``fn()`` in seconds over ``repeats`` runs after ``warmup`` runs."""
+    return interleaved_medians({"fn": fn}, repeats=repeats, warmup=warmup)["fn"]
+
+
+def interleaved_medians(
+    fns: dict[str, Callable[[], object]], *, repeats: int = 5, warmup: int = 1
+) -> dict[str, float]:
+    """Median wall time of each ``fn()`` over ``repeats`` rounds that run every contender once.
+
+    Interleaving spreads the slow spells of a shared machine over all contenders instead of
+    landing on whichever one happened to run then, so ratios from one run are stable.
+    """
     for _ in range(warmup):
-        fn()
-    times = []
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def allocator_setting() -> str:
+    """Environment settings that change how large host tensors are allocated (or "default").
+
+    Every fresh multi-megabyte CPU tensor is a new ``mmap`` under glibc's defaults, so its first
+    write page-faults; these settings avoid that (see docs/benchmarks.md).
+    """
+    names = ("THP_MEM_ALLOC_ENABLE", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+    found = [f"{name}={os.environ[name]}" for name in (*names, "LD_PRELOAD") if name in os.environ]
+    return " ".join(found) or "default"
 
 
 def print_table(rows: list[tuple[str, str]]) -> None:
@@ -56,7 +81,9 @@ def add_projection_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n", type=int, default=769, help="rows of G (and of H)")
     parser.add_argument("--h", type=int, default=64, help="head width")
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--repeats", type=int, default=9, help="interleaved rounds (medians are reported)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -75,15 +102,27 @@ def run_projection(args: argparse.Namespace) -> int:
         "h": args.h,
         "dtype": args.dtype,
         "threads": torch.get_num_threads(),
+        "allocator": allocator_setting(),
     }
     result["scipy_loop_s"] = median_time(
-        lambda: _scipy_projection_loop(x_np, u_np, args.n), repeats=max(1, args.repeats // 2)
+        lambda: _scipy_projection_loop(x_np, u_np, args.n), repeats=args.repeats
     )
-    result["inv_s"] = median_time(lambda: inv.proju(x, u), repeats=args.repeats)
-    result["mix_s"] = median_time(lambda: mix.proju(x, u), repeats=args.repeats)
+    # OpenBLAS worker threads keep spinning for a while after numpy's last call and would steal
+    # the cores from whichever torch contender runs next, so the libraries are not interleaved.
+    time.sleep(0.5)
     inv_at, mix_at = inv.at(x), mix.at(x)
-    result["inv_cached_s"] = median_time(lambda: inv_at.proju(u), repeats=args.repeats)
-    result["mix_cached_s"] = median_time(lambda: mix_at.proju(u), repeats=args.repeats)
+    inv_at.proju(u), mix_at.proju(u)  # fill the caches
+    result.update(
+        interleaved_medians(
+            {
+                "inv_s": lambda: inv.proju(x, u),
+                "mix_s": lambda: mix.proju(x, u),
+                "inv_cached_s": lambda: inv_at.proju(u),
+                "mix_cached_s": lambda: mix_at.proju(u),
+            },
+            repeats=args.repeats,
+        )
+    )
     result["speedup"] = result["scipy_loop_s"] / result["inv_cached_s"]
     result["speedup_uncached"] = result["scipy_loop_s"] / result["inv_s"]
     result["inv_cached_over_mix_cached"] = result["inv_cached_s"] / result["mix_cached_s"]
@@ -94,7 +133,7 @@ def run_projection(args: argparse.Namespace) -> int:
         return 0
     print(
         f"horizontal projection, {args.heads} heads, n = m = {args.n}, h = {args.h}, "
-        f"{args.dtype}, {result['threads']} threads"
+        f"{args.dtype}, {result['threads']} threads, allocator: {result['allocator']}"
     )
     print_table(
         [

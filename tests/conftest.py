@@ -131,11 +131,13 @@ def gl_cases(
     max_extra: int = 4,
     factor_cond: float = 10.0,
     batches=BATCHES,
+    same_rows: bool | None = None,
 ):
     """GL(h) quotient cases over shapes, batch dims (none, one, two), seeds and dtypes.
 
     The factors ``G``, ``H`` get condition numbers up to ``factor_cond`` so that an error bound
-    stated in machine epsilons is meaningful in float32 too.
+    stated in machine epsilons is meaningful in float32 too. ``same_rows`` forces ``n == m``
+    (True) or ``n != m`` (False); ``None`` draws either.
     """
     metric = draw(st.sampled_from(METRICS)) if metric is None else metric
     dtype = draw(st.sampled_from(DTYPES)) if dtype is None else dtype
@@ -143,6 +145,8 @@ def gl_cases(
     h = draw(st.integers(1, max_h))
     n = h + draw(st.integers(0, max_extra))
     m = h + draw(st.integers(0, max_extra))
+    if same_rows is not None and (n == m) != same_rows:
+        m = n if same_rows else n + 1
     seed = draw(st.integers(0, 2**31 - 1))
     cond_g = draw(st.floats(1.0, factor_cond))
     cond_h = draw(st.floats(1.0, factor_cond))

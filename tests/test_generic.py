@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quotientgeo import GLQuotient, RescaleQuotient
+from quotientgeo.linalg import mT
 
 RTOL = 1e-10
 
@@ -37,6 +38,25 @@ def _gl(case):
 def test_gl_generic_agrees(method, case):
     m, x, u, _ = _gl(case)
     assert rel_err(getattr(m.generic(), method)(x, u), getattr(m, method)(x, u)) <= RTOL
+
+
+@pytest.mark.parametrize("same_rows", [True, False])
+@settings(max_examples=6)
+@given(data=st.data())
+def test_gl_proju_layouts_agree_with_generic(same_rows, data):
+    """The projection's shift has a fused path for ``n == m`` and a blockwise one otherwise;
+    both must match the generic path, also for non-contiguous and broadcast tangent vectors."""
+    case = data.draw(gl_cases(dtype=torch.float64, max_h=3, same_rows=same_rows))
+    m, x, u, _ = _gl(case)
+    assert (case.n == case.m) == same_rows
+    expected = m.generic().proju(x, u)
+    u_strided = mT(mT(u).contiguous())  # same values, transposed memory layout
+    assert rel_err(m.proju(x, u_strided), expected) <= RTOL
+    if case.batch:
+        # one tangent vector broadcast over the batch of base points
+        u0 = u.reshape(-1, *u.shape[-2:])[0]
+        expected0 = m.generic().proju(x, u0.expand_as(x))
+        assert rel_err(m.proju(x, u0), expected0) <= RTOL
 
 
 @pytest.mark.parametrize("h", [2, 3])

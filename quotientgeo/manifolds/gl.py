@@ -117,6 +117,7 @@ class GLQuotient(QuotientManifold):
         return p.cached("inverses", lambda: (cholesky_inverse(LP), cholesky_inverse(LQ)))
 
     def _sylvester(self, p: AtPoint):
+        # factorizing Q too costs little and is what detects a rank-deficient H
         P, Q = self._grams(p)
         return p.cached("sylvester", lambda: sylvester_basis(P, Q, self._cholesky(p)[0]))
 
@@ -127,8 +128,7 @@ class GLQuotient(QuotientManifold):
 
     def vertical(self, x, omega: Tensor) -> Tensor:
         """``(-G Ω, H Ωᵀ)``."""
-        G, H = self.split(x)
-        return self.join(-G @ omega, H @ mT(omega))
+        return self._blockwise(as_tensor(x), -omega, mT(omega))
 
     def precondition(self, x, r: Tensor) -> Tensor:
         """mix: ``½ P⁻¹ r Q⁻¹``, the exact inverse of ``V* M V: Ω ↦ 2 P Ω Q`` (at ``eps = 0``)."""
@@ -146,33 +146,40 @@ class GLQuotient(QuotientManifold):
         """Differential of the action: ``(ξ_G, ξ_H) ↦ (ξ_G A⁻¹, ξ_H Aᵀ)``."""
         return self.act(u, A)
 
+    def _weights(self, p: AtPoint) -> tuple[Tensor, Tensor]:
+        """``(W_G, W_H)``, ``M(x) u = (u_G W_G, u_H W_H)``: inv ``(P⁻¹, Q⁻¹)``, mix ``(Q, P)``."""
+        if self.metric_name == "inv":
+            return self._inverses(p)
+        P, Q = self._grams(p)
+        return Q, P
+
     def metric(self, x, u: Tensor) -> Tensor:
         """inv: ``(u_G P⁻¹, u_H Q⁻¹)``; mix: ``(u_G Q, u_H P)``."""
-        p = self.at(x)
-        uG, uH = self.split(u)
-        if self.metric_name == "inv":
-            P_inv, Q_inv = self._inverses(p)
-            return self.join(uG @ P_inv, uH @ Q_inv)
-        P, Q = self._grams(p)
-        return self.join(uG @ Q, uH @ P)
+        return self._blockwise(u, *self._weights(self.at(x)))
 
     def metric_inv(self, x, v: Tensor) -> Tensor:
         """inv: ``(v_G P, v_H Q)``; mix: ``(v_G Q⁻¹, v_H P⁻¹)``."""
         p = self.at(x)
-        vG, vH = self.split(v)
         if self.metric_name == "inv":
             P, Q = self._grams(p)
-            return self.join(vG @ P, vH @ Q)
+            return self._blockwise(v, P, Q)
         P_inv, Q_inv = self._inverses(p)
-        return self.join(vG @ Q_inv, vH @ P_inv)
+        return self._blockwise(v, Q_inv, P_inv)
 
     # ------------------------------------------------------------------ closed forms
     def inner(self, x, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False) -> Tensor:
-        """inv ``tr(P⁻¹ u_Gᵀ v_G) + tr(Q⁻¹ u_Hᵀ v_H)``; mix ``tr(Q u_Gᵀ v_G) + tr(P u_Hᵀ v_H)``."""
+        """inv ``tr(P⁻¹ u_Gᵀ v_G) + tr(Q⁻¹ u_Hᵀ v_H)``; mix ``tr(Q u_Gᵀ v_G) + tr(P u_Hᵀ v_H)``.
+
+        Evaluated as ``Σ W ⊙ uᵀv`` per factor: one pass over ``u`` and ``v`` and nothing of their
+        size allocated.
+        """
         p = self.at(x)
         self._check_vector(p, u)
         v = u if v is None else v
-        return self._reduce(u * self.metric(p, v), keepdim)
+        W_G, W_H = self._weights(p)
+        (uG, uH), (vG, vH) = self.split(u), self.split(v)
+        value = (W_G * (mT(uG) @ vG)).sum((-2, -1)) + (W_H * (mT(uH) @ vH)).sum((-2, -1))
+        return value[..., None, None] if keepdim else value
 
     def proju(self, x, u: Tensor) -> Tensor:
         """Horizontal projection ``(ξ_G + G Λ, ξ_H - H Λᵀ)`` (Λ in the class docstring)."""
@@ -187,22 +194,45 @@ class GLQuotient(QuotientManifold):
         else:
             P_inv, Q_inv = self._inverses(p)
             Lam = 0.5 * ((mT(uH) @ H) @ Q_inv - P_inv @ (mT(G) @ uG))
-        return self._shift(u, p.x, Lam)
+        return self._blockwise(p.x, Lam, -mT(Lam), add=u)
 
-    def _shift(self, u: Tensor, x: Tensor, Lam: Tensor) -> Tensor:
-        """``(u_G + G Λ, u_H - H Λᵀ)``, accumulated in place into one copy of ``u``.
+    def _blockwise(
+        self, u: Tensor, W_G: Tensor, W_H: Tensor, add: Tensor | None = None, *, into: bool = False
+    ) -> Tensor:
+        """``(u_G W_G, u_H W_H)``, plus ``add`` if given, for ``h × h`` blocks ``W_G``, ``W_H``.
 
-        Memory traffic, not arithmetic, dominates here: in-place ``baddbmm_`` on one clone is
-        about twice as fast as adding and concatenating the two factor blocks.
+        ``into=True`` accumulates into ``add`` in place (a contiguous intermediate of the full
+        shape that the caller owns) and returns it. Memory traffic, not arithmetic, dominates
+        here: when ``G`` and ``H`` have the same shape, ``[G; H]`` is viewed as a batch of
+        ``2·heads`` factors and the result is a single batched product with the addition fused
+        in; otherwise the two row blocks are separate (strided) products.
         """
         n, (rows, h) = self.n, u.shape[-2:]
-        batch = torch.broadcast_shapes(u.shape[:-2], x.shape[:-2], Lam.shape[:-2])
-        out = u.expand(*batch, rows, h).clone(memory_format=torch.contiguous_format)
-        flat = out.view(-1, rows, h)
-        x = x.expand(*batch, rows, h).reshape(-1, rows, h)
-        Lam = Lam.expand(*batch, h, h).reshape(-1, h, h)
-        flat[:, :n].baddbmm_(x[:, :n], Lam)
-        flat[:, n:].baddbmm_(x[:, n:], mT(Lam), alpha=-1)
+        extra = () if add is None else (add.shape[:-2],)
+        batch = torch.broadcast_shapes(u.shape[:-2], W_G.shape[:-2], W_H.shape[:-2], *extra)
+        u = u.expand(*batch, rows, h)
+        W_G, W_H = W_G.expand(*batch, h, h), W_H.expand(*batch, h, h)
+        square = rows == 2 * n
+        if square:
+            W = torch.stack((W_G, W_H), dim=-3).reshape(-1, h, h)
+            u = u.reshape(-1, n, h)
+        if add is None:
+            if square:
+                return torch.bmm(u, W).view(*batch, rows, h)
+            return self.join(u[..., :n, :] @ W_G, u[..., n:, :] @ W_H)
+        if into:
+            out = add
+        elif square:
+            add = add.expand(*batch, rows, h).reshape(-1, n, h)
+            return torch.baddbmm(add, u, W).view(*batch, rows, h)
+        else:
+            out = add.expand(*batch, rows, h).clone(memory_format=torch.contiguous_format)
+        if square:
+            out.view(-1, n, h).baddbmm_(u, W)
+        else:
+            flat, u = out.view(-1, rows, h), u.reshape(-1, rows, h)
+            flat[:, :n].baddbmm_(u[:, :n], W_G.reshape(-1, h, h))
+            flat[:, n:].baddbmm_(u[:, n:], W_H.reshape(-1, h, h))
         return out
 
     def egrad2rgrad(self, x, u: Tensor) -> Tensor:
@@ -212,7 +242,11 @@ class GLQuotient(QuotientManifold):
         return self.proju(p, self.metric_inv(p, u))
 
     def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
-        """Symmetric bilinear ``Γ(u, v)`` (class docstring gives ``Γ(ξ, ξ)``; polarised here)."""
+        """Symmetric bilinear ``Γ(u, v)`` (class docstring gives ``Γ(ξ, ξ)``; polarised here).
+
+        Each factor block is ``F C_F + u C_u + v C_v`` with ``h × h`` coefficients (see
+        :func:`_gamma_inv`, :func:`_gamma_mix`), accumulated into one output.
+        """
         p = self.at(x)
         self._check_vector(p, u)
         v = u if v is None else v
@@ -221,10 +255,14 @@ class GLQuotient(QuotientManifold):
         vG, vH = (uG, uH) if v is u else self.split(v)
         P_inv, Q_inv = self._inverses(p)
         if self.metric_name == "inv":
-            return self.join(_gamma_inv(G, P_inv, uG, vG), _gamma_inv(H, Q_inv, uH, vH))
-        return self.join(
-            _gamma_mix(G, Q_inv, uG, vG, H, uH, vH), _gamma_mix(H, P_inv, uH, vH, G, uG, vG)
-        )
+            cG, cH = _gamma_inv(G, P_inv, uG, vG), _gamma_inv(H, Q_inv, uH, vH)
+        else:
+            cG = _gamma_mix(Q_inv, uG, vG, H, uH, vH)
+            cH = _gamma_mix(P_inv, uH, vH, G, uG, vG)
+        out = self._blockwise(u, cG[1], cH[1])
+        if v is not u:
+            self._blockwise(v, cG[2], cH[2], add=out, into=True)
+        return self._blockwise(p.x, cG[0], cH[0], add=out, into=True)
 
     # ------------------------------------------------------------------ points
     def _check_point_on_manifold(self, x, *, atol=1e-5, rtol=1e-5):
@@ -259,28 +297,30 @@ class GLQuotient(QuotientManifold):
         return torch.cat([eye(self.n), eye(rows - self.n)], dim=-2).expand(*size).clone()
 
 
-def _gamma_inv(F: Tensor, W_inv: Tensor, u: Tensor, v: Tensor) -> Tensor:
-    """inv factor part, polarised: ``F W⁻¹ sym(uᵀv) - u W⁻¹ sym(vᵀF) - v W⁻¹ sym(uᵀF)``.
+def _gamma_inv(F: Tensor, W_inv: Tensor, u: Tensor, v: Tensor) -> tuple[Tensor, ...]:
+    """inv factor part ``F W⁻¹ sym(uᵀv) - u W⁻¹ sym(vᵀF) - v W⁻¹ sym(uᵀF)`` as ``(C_F, C_u, C_v)``.
 
-    ``W`` is the Gram matrix of ``F``; for ``v is u`` the two last terms are one product.
+    ``W`` is the Gram matrix of ``F``; for ``v is u`` the two last terms are one (``C_v`` is
+    then unused).
     """
     Su = W_inv @ sym(mT(u) @ F)
     if v is u:
-        return F @ (W_inv @ (mT(u) @ u)) - u @ (2 * Su)
+        return W_inv @ (mT(u) @ u), -2 * Su, None
     Sv = W_inv @ sym(mT(v) @ F)
-    return F @ (W_inv @ sym(mT(u) @ v)) - u @ Sv - v @ Su
+    return W_inv @ sym(mT(u) @ v), -Sv, -Su
 
 
 def _gamma_mix(
-    F: Tensor, W_inv: Tensor, uF: Tensor, vF: Tensor, K: Tensor, uK: Tensor, vK: Tensor
-) -> Tensor:
-    """mix factor part, polarised: ``[u_F sym(v_Kᵀ K) + v_F sym(u_Kᵀ K) - F sym(u_Kᵀ v_K)] W⁻¹``.
+    W_inv: Tensor, uF: Tensor, vF: Tensor, K: Tensor, uK: Tensor, vK: Tensor
+) -> tuple[Tensor, ...]:
+    """mix factor part ``[u_F sym(v_Kᵀ K) + v_F sym(u_Kᵀ K) - F sym(u_Kᵀ v_K)] W⁻¹`` as
+    ``(C_F, C_u, C_v)``.
 
-    ``W`` is the Gram matrix of the other factor ``K``; ``W⁻¹`` is folded into the ``h × h``
-    factors, and for ``v is u`` the first two terms are one product.
+    ``W`` is the Gram matrix of the other factor ``K``; for ``vF is uF`` the first two terms are
+    one (``C_v`` is then unused).
     """
     SuK = sym(mT(uK) @ K) @ W_inv
     if vF is uF:
-        return uF @ (2 * SuK) - F @ ((mT(uK) @ uK) @ W_inv)
+        return -(mT(uK) @ uK) @ W_inv, 2 * SuK, None
     SvK = sym(mT(vK) @ K) @ W_inv
-    return uF @ SvK + vF @ SuK - F @ (sym(mT(uK) @ vK) @ W_inv)
+    return -sym(mT(uK) @ vK) @ W_inv, SvK, SuK

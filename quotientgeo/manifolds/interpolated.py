@@ -45,6 +45,7 @@ class InterpolatedGLQuotient(QuotientManifold):
     # layout, group action and point checks are GLQuotient's; no metric geometry is inherited
     split = GLQuotient.split
     join = GLQuotient.join
+    _blockwise = GLQuotient._blockwise
     _check_shape = GLQuotient._check_shape
     _check_point_on_manifold = GLQuotient._check_point_on_manifold
     random = GLQuotient.random
@@ -97,17 +98,14 @@ class InterpolatedGLQuotient(QuotientManifold):
 
     def metric(self, x, u: Tensor) -> Tensor:
         """``(u_G W_G, u_H W_H)``."""
-        W_G, W_H = self.weights(x)
-        uG, uH = self.split(u)
-        return self.join(uG @ W_G, uH @ W_H)
+        return self._blockwise(u, *self.weights(x))
 
     def metric_inv(self, x, v: Tensor) -> Tensor:
         """``(v_G W_G⁻¹, v_H W_H⁻¹)``; ``W⁻¹`` is ``P``, ``Q`` at ``s = 0`` (no inversion)."""
-        vG, vH = self.split(v)
         if self.s == 0.0:
             G, H = self.split(x)
-            return self.join(vG @ gram(G, self.eps), vH @ gram(H, self.eps))
+            return self._blockwise(v, gram(G, self.eps), gram(H, self.eps))
         W_G, W_H = self.weights(x)
         W_G_inv = cholesky_inverse(cholesky(W_G, "the metric weight W_G"))
         W_H_inv = cholesky_inverse(cholesky(W_H, "the metric weight W_H"))
-        return self.join(vG @ W_G_inv, vH @ W_H_inv)
+        return self._blockwise(v, W_G_inv, W_H_inv)
