@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from .linalg import cholesky, gram, mT, solve_sylvester, sylvester_basis
 from .manifolds import GLQuotient
 
 
@@ -25,22 +26,27 @@ def median_time(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) 
 
 
 def interleaved_medians(
-    fns: dict[str, Callable[[], object]], *, repeats: int = 5, warmup: int = 1
+    fns: dict[str, Callable[[], object]],
+    *,
+    repeats: int = 5,
+    warmup: int = 1,
+    settle: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Median wall time of each ``fn()`` over ``repeats`` rounds that run every contender once.
 
     Interleaving spreads the slow spells of a shared machine over all contenders instead of
     landing on whichever one happened to run then, so ratios from one run are stable.
+    ``settle[name]`` seconds of (untimed) sleep follow each call of ``name``.
     """
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
+    settle = settle or {}
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
+    for round_ in range(warmup + repeats):
         for name, fn in fns.items():
             start = time.perf_counter()
             fn()
-            times[name].append(time.perf_counter() - start)
+            if round_ >= warmup:
+                times[name].append(time.perf_counter() - start)
+            time.sleep(settle.get(name, 0.0))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -85,6 +91,36 @@ def add_projection_arguments(parser: argparse.ArgumentParser) -> None:
         "--repeats", type=int, default=9, help="interleaved rounds (medians are reported)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--pieces", action="store_true", help="also time the pieces of the inv projection"
+    )
+
+
+def _projection_pieces(m: GLQuotient, x: torch.Tensor, u: torch.Tensor, repeats: int):
+    """Seconds of each step of the inv projection from scratch, and of a fresh allocation."""
+    G, H = m.split(x)
+    uG, uH = m.split(u)
+    P, Q = gram(G), gram(H)
+    L = cholesky(P)
+    basis = sylvester_basis(P, Q, L)
+    B = P @ (mT(H) @ uH) - mT(mT(G) @ uG) @ Q
+    Lam = mT(solve_sylvester(basis, B))
+    reused = torch.empty_like(u)
+    a = torch.randn(2048, 2048, dtype=u.dtype)
+    return interleaved_medians(
+        {
+            "Gram matrices P, Q": lambda: (gram(G), gram(H)),
+            "Cholesky of P and Q": lambda: (cholesky(P), cholesky(Q)),
+            "Sylvester eigenbasis (eigh)": lambda: sylvester_basis(P, Q, L),
+            "right-hand side B (two reductions)": lambda: P @ (mT(H) @ uH) - mT(mT(G) @ uG) @ Q,
+            "solve in the eigenbasis": lambda: solve_sylvester(basis, B),
+            "shift u + x W": lambda: m._blockwise(x, Lam, -mT(Lam), add=u),
+            "first write of a fresh tensor of u's size": lambda: torch.empty_like(u).fill_(0),
+            "write of a reused tensor of u's size": lambda: reused.fill_(0),
+            "reference: one 2048 x 2048 matmul (17.2 GFLOP)": lambda: a @ a,
+        },
+        repeats=repeats,
+    )
 
 
 def run_projection(args: argparse.Namespace) -> int:
@@ -104,23 +140,21 @@ def run_projection(args: argparse.Namespace) -> int:
         "threads": torch.get_num_threads(),
         "allocator": allocator_setting(),
     }
-    result["scipy_loop_s"] = median_time(
-        lambda: _scipy_projection_loop(x_np, u_np, args.n), repeats=args.repeats
-    )
-    # OpenBLAS worker threads keep spinning for a while after numpy's last call and would steal
-    # the cores from whichever torch contender runs next, so the libraries are not interleaved.
-    time.sleep(0.5)
     inv_at, mix_at = inv.at(x), mix.at(x)
     inv_at.proju(u), mix_at.proju(u)  # fill the caches
     result.update(
         interleaved_medians(
             {
+                "scipy_loop_s": lambda: _scipy_projection_loop(x_np, u_np, args.n),
                 "inv_s": lambda: inv.proju(x, u),
                 "mix_s": lambda: mix.proju(x, u),
                 "inv_cached_s": lambda: inv_at.proju(u),
                 "mix_cached_s": lambda: mix_at.proju(u),
             },
             repeats=args.repeats,
+            # OpenBLAS worker threads keep spinning for a while after numpy's last call and
+            # would steal the cores from the torch contender that runs next
+            settle={"scipy_loop_s": 0.5},
         )
     )
     result["speedup"] = result["scipy_loop_s"] / result["inv_cached_s"]
@@ -128,6 +162,8 @@ def run_projection(args: argparse.Namespace) -> int:
     result["inv_cached_over_mix_cached"] = result["inv_cached_s"] / result["mix_cached_s"]
     agreement = inv_at.proju(u) - torch.from_numpy(_scipy_projection_loop(x_np, u_np, args.n))
     result["max_rel_diff_vs_scipy"] = (agreement.norm() / inv_at.proju(u).norm()).item()
+    if args.pieces:
+        result["pieces_s"] = _projection_pieces(inv, x, u, args.repeats)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -148,6 +184,9 @@ def run_projection(args: argparse.Namespace) -> int:
             ("relative difference to scipy", f"{result['max_rel_diff_vs_scipy']:.1e}"),
         ]
     )
+    if args.pieces:
+        print("\npieces of the inv projection from scratch:")
+        print_table([(name, f"{sec:.4f} s") for name, sec in result["pieces_s"].items()])
     return 0
 
 
