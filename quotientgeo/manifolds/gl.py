@@ -220,20 +220,18 @@ class GLQuotient(QuotientManifold):
             if square:
                 return torch.bmm(u, W).view(*batch, rows, h)
             return self.join(u[..., :n, :] @ W_G, u[..., n:, :] @ W_H)
-        if into:
-            out = add
-        elif square:
-            add = add.expand(*batch, rows, h).reshape(-1, n, h)
-            return torch.baddbmm(add, u, W).view(*batch, rows, h)
-        else:
-            out = add.expand(*batch, rows, h).clone(memory_format=torch.contiguous_format)
+        if not into:
+            if square:
+                add = add.expand(*batch, rows, h).reshape(-1, n, h)
+                return torch.baddbmm(add, u, W).view(*batch, rows, h)
+            add = add.expand(*batch, rows, h).clone(memory_format=torch.contiguous_format)
         if square:
-            out.view(-1, n, h).baddbmm_(u, W)
+            add.view(-1, n, h).baddbmm_(u, W)
         else:
-            flat, u = out.view(-1, rows, h), u.reshape(-1, rows, h)
+            flat, u = add.view(-1, rows, h), u.reshape(-1, rows, h)
             flat[:, :n].baddbmm_(u[:, :n], W_G.reshape(-1, h, h))
             flat[:, n:].baddbmm_(u[:, n:], W_H.reshape(-1, h, h))
-        return out
+        return add
 
     def egrad2rgrad(self, x, u: Tensor) -> Tensor:
         """inv: ``proj(∇_G P, ∇_H Q)``; mix: ``proj(∇_G Q⁻¹, ∇_H P⁻¹)``."""
