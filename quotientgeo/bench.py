@@ -35,15 +35,18 @@ def interleaved_medians(
     """Median wall time of each ``fn()`` over ``repeats`` rounds that run every contender once.
 
     Interleaving spreads the slow spells of a shared machine over all contenders instead of
-    landing on whichever one happened to run then, so ratios from one run are stable.
+    landing on whichever one happened to run then, so ratios from one run are stable; the order
+    rotates between rounds so that no contender always follows the same one.
     ``settle[name]`` seconds of (untimed) sleep follow each call of ``name``.
     """
     settle = settle or {}
-    times: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
     for round_ in range(warmup + repeats):
-        for name, fn in fns.items():
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
             start = time.perf_counter()
-            fn()
+            fns[name]()
             if round_ >= warmup:
                 times[name].append(time.perf_counter() - start)
             time.sleep(settle.get(name, 0.0))
