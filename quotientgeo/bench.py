@@ -56,11 +56,16 @@ def interleaved_medians(
 def allocator_setting() -> str:
     """Environment settings that change how large host tensors are allocated (or "default").
 
-    Every fresh multi-megabyte CPU tensor is a new ``mmap`` under glibc's defaults, so its first
-    write page-faults; these settings avoid that (see docs/benchmarks.md).
+    Under glibc's defaults a fresh CPU tensor above the ``mmap`` threshold (at most 32 MB) is a
+    new mapping whose first write page-faults; these settings avoid that (docs/benchmarks.md).
     """
-    names = ("THP_MEM_ALLOC_ENABLE", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
-    found = [f"{name}={os.environ[name]}" for name in (*names, "LD_PRELOAD") if name in os.environ]
+    names = (
+        "THP_MEM_ALLOC_ENABLE",
+        "MALLOC_MMAP_THRESHOLD_",
+        "MALLOC_TRIM_THRESHOLD_",
+        "LD_PRELOAD",
+    )
+    found = [f"{name}={os.environ[name]}" for name in names if name in os.environ]
     return " ".join(found) or "default"
 
 
