@@ -226,3 +226,24 @@ def geomstats_christoffel(metric_matrix, x: torch.Tensor, u: torch.Tensor) -> to
     metric = DenseMetric(Euclidean(xf.numel(), equip=False))
     gamma = metric.christoffels(xf)  # [k, i, j], contravariant index first
     return torch.einsum("kij,i,j->k", gamma, uf, uf).reshape(u.shape)
+
+
+# --------------------------------------------------------------------------- Hugging Face models
+def tiny_bert(dtype=torch.float64, **overrides):
+    """A 2-layer, 4-head, width-16 ``BertModel`` (eager attention) in eval mode, seed 0.
+
+    Skips the test when transformers is not installed; ``overrides`` go to ``BertConfig``.
+    """
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=40,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=24,
+        max_position_embeddings=12,
+        attn_implementation="eager",
+        **overrides,
+    )
+    torch.manual_seed(0)
+    return transformers.BertModel(config).to(dtype).eval()

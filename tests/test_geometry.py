@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import tiny_bert
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -177,23 +178,10 @@ def test_decoder_layer_maps_self_and_cross_attention():
 
 
 # ---------------------------------------------------------------------- Hugging Face styles
-def tiny_bert():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(
-        vocab_size=40,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=24,
-        max_position_embeddings=12,
-        attn_implementation="eager",
-    )
-    torch.manual_seed(0)
-    return transformers.BertModel(config).to(DT).eval()
 
 
 def test_bert_mapping_and_symmetry():
-    model = tiny_bert()
+    model = tiny_bert(DT)
     geometry = find_symmetries(model)
     assert [b.label for b in geometry.blocks][:2] == [
         "encoder.layer.0.attention.self.QK",

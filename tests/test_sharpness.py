@@ -11,6 +11,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_bert
 from scipy.optimize import brentq
 from torch import nn
 
@@ -124,19 +125,7 @@ def test_invariance_transformer_encoder(transformer_problem):
 
 
 def test_invariance_bert():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(
-        vocab_size=40,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=24,
-        max_position_embeddings=12,
-        attn_implementation="eager",
-        initializer_range=0.3,
-    )
-    torch.manual_seed(0)
-    model = transformers.BertModel(config).to(DT).eval()
+    model = tiny_bert(DT, initializer_range=0.3)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 40, (6, 8), generator=gen)
     target = torch.randn(6, 16, generator=gen, dtype=DT)
