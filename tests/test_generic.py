@@ -100,3 +100,19 @@ def test_rescale_generic_agrees(method, case):
     assert rel_err(getattr(m.generic(), method)(x, u), getattr(m, method)(x, u)) <= RTOL
     if method == "christoffel":
         assert rel_err(m.generic().christoffel(x, u, v), m.christoffel(x, u, v)) <= RTOL
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("method", ["proju", "christoffel", "expmap2"])
+@settings(max_examples=4)
+@given(seed=st.integers(0, 2**31), h=st.sampled_from([2, 3]), k=st.sampled_from([2, 3]))
+def test_generic_broadcasts_point_and_vector_batches(metric, method, seed, h, k):
+    """Point batch (1, k) and vector batch (k, 1): the generic path broadcasts like the closed
+    form (regression: it reshaped u to the point's batch, which was wrong or crashed)."""
+    g = gen(seed)
+    m = GLQuotient(h + 1, metric)
+    x = torch.randn(1, k, 2 * h + 1, h, generator=g, dtype=torch.float64)
+    u = 0.1 * torch.randn(k, 1, 2 * h + 1, h, generator=g, dtype=torch.float64)
+    expected = getattr(m, method)(x, u)
+    assert expected.shape == (k, k, 2 * h + 1, h)
+    assert rel_err(getattr(m.generic(), method)(x, u), expected) <= RTOL

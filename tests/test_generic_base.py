@@ -135,6 +135,23 @@ def test_scale_rejects_bad_arguments():
     with pytest.raises(ValueError, match="at least ndim=2"):
         ScaleQuotient(2).proju(torch.ones(3), torch.ones(3))
     assert not ScaleQuotient(1)._check_point_on_manifold(torch.zeros(2, 3))[0]
+    assert ScaleQuotient(1).check_point_on_manifold(torch.ones(0, 3))
+    x = torch.randn(2, 3, dtype=DT)
+    x[1] = 0.0
+    for method in ("proju", "egrad2rgrad", "inner", "christoffel", "expmap"):
+        with pytest.raises(ValueError, match="zero block"):
+            getattr(ScaleQuotient(1), method)(x, torch.randn_like(x))
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+def test_scale_expmap_differentiable_at_zero(ndim):
+    """d/du Exp_w(u) at u = 0 is the identity (regression: 0/0 in the gradient of ν = |u_⊥|/r)."""
+    m = ScaleQuotient(ndim)
+    x = torch.randn(3, 4, 2, dtype=DT)
+    u = torch.zeros_like(x, requires_grad=True)
+    v = torch.randn_like(x)
+    (m.expmap(x, u) * v).sum().backward()
+    assert torch.allclose(u.grad, v, rtol=0, atol=1e-12)
 
 
 # ---------------------------------------------------------------- InterpolatedGLQuotient

@@ -612,3 +612,43 @@ def test_float32_and_float64_preserved():
                 assert getattr(m, method)(x, u).dtype == dtype
             assert m.inner(x, u).dtype == dtype
     assert math.isfinite(eps_of(torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**31), factor=st.sampled_from("GH"))
+def test_point_check_flags_singular_to_working_precision(dtype, seed, factor):
+    """The formulas factorize FᵀF (condition cond(F)²): the point check refuses cond(F)² ≥ 1/eps
+    of the dtype, suggesting float64 or eps, and accepts cond(F)² well below it."""
+    g = gen(seed)
+    m = GLQuotient(6)
+    limit = torch.finfo(dtype).eps ** -0.5  # cond(F) at which cond(FᵀF) reaches 1/eps
+    bad = {f: 3 * limit if f == factor else 2.0 for f in "GH"}
+    x_bad = m.join(conditioned((), 6, 3, bad["G"], g), conditioned((), 5, 3, bad["H"], g))
+    ok, reason = m.check_point_on_manifold(x_bad.to(dtype), explain=True)
+    assert not ok and f"{factor} is rank deficient" in reason and "float64" in reason
+    x_ok = m.join(conditioned((), 6, 3, limit / 3, g), conditioned((), 5, 3, limit / 3, g))
+    assert m.check_point_on_manifold(x_ok.to(dtype))
+    assert GLQuotient(6, eps=1e-3).check_point_on_manifold(x_bad.to(dtype))
+
+
+def test_point_check_on_an_empty_batch():
+    m = GLQuotient(4)
+    assert m.check_point_on_manifold(m.random(0, 7, 2))
+
+
+def test_constructor_accepts_numpy_integers_and_rejects_infinite_eps():
+    assert GLQuotient(np.int64(5)).n == 5
+    with pytest.raises(ValueError, match="eps"):
+        GLQuotient(3, eps=float("inf"))
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_inner_checks_its_second_vector(metric):
+    m = GLQuotient(4, metric)
+    x = m.random(7, 2, dtype=torch.float64)
+    u = torch.randn_like(x)
+    with pytest.raises(ValueError, match="v has shape"):
+        m.inner(x, u, torch.randn(7, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="v has dtype"):
+        m.inner(x, u, u.float())

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Callable
 
 import torch
@@ -98,6 +99,20 @@ def as_tensor(x) -> Tensor:
     return x.x if isinstance(x, AtPoint) else x
 
 
+def positive_int(value, name: str, meaning: str = "") -> int:
+    """``value`` as an ``int`` if it is a positive integer (numpy integers too; not ``bool``)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = operator.index(value)
+    except TypeError:
+        number = 0
+    if number < 1:
+        meaning = f" ({meaning})" if meaning else ""
+        raise ValueError(f"{name} must be a positive integer{meaning}, got {value!r}")
+    return number
+
+
 class QuotientManifold(Manifold):
     """Base class of quotient manifolds given by an action and a metric (see module doc)."""
 
@@ -117,9 +132,7 @@ class QuotientManifold(Manifold):
             raise TypeError(
                 f"{type(self).__name__} must define the quotient primitive(s) " + "; ".join(missing)
             )
-        if exp_steps < 1:
-            raise ValueError(f"exp_steps must be a positive integer, got {exp_steps}")
-        self.exp_steps = int(exp_steps)
+        self.exp_steps = positive_int(exp_steps, "exp_steps")
         self.dense_max = int(dense_max)
 
     # ------------------------------------------------------------------ primitives
@@ -168,7 +181,15 @@ class QuotientManifold(Manifold):
         ok, reason = self._check_shape(x.shape, "x")
         if not ok:
             raise ValueError(reason)
+        self._check_free(x)
         return AtPoint(self, x)
+
+    def _check_free(self, x: Tensor) -> None:
+        """Raise a ``ValueError`` where the action is not free at ``x`` (default: nothing).
+
+        Called once per :class:`AtPoint`; subclasses whose formulas divide by the point check
+        here, so that such points give an error rather than NaN.
+        """
 
     def _check_vector(self, p: AtPoint, u: Tensor, name: str = "u") -> None:
         if not isinstance(u, Tensor):
@@ -201,7 +222,10 @@ class QuotientManifold(Manifold):
         """``<u, v>_x = Σ u ⊙ M(x) v``."""
         p = self.at(x)
         self._check_vector(p, u)
-        v = u if v is None else v
+        if v is None:
+            v = u
+        else:
+            self._check_vector(p, v, "v")
         return self._reduce(u * self.metric(self._point(p), v), keepdim)
 
     def component_inner(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
@@ -221,10 +245,12 @@ class QuotientManifold(Manifold):
             return u
         if k <= self.dense_max:
             basis, m_basis, chol = p.cached("vertical_gram", lambda: self._vertical_gram(p))
-            flat = (-1, *p.x.shape[: p.x.dim() - self.ndim], math.prod(p.x.shape[-self.ndim :]))
-            rhs = torch.einsum("k...e,...e->...k", m_basis.reshape(flat), u.reshape(flat[1:]))
+            event = -self.ndim
+            u = u.expand(torch.broadcast_shapes(u.shape, p.x.shape))
+            rhs = torch.einsum("k...e,...e->...k", m_basis.flatten(event), u.flatten(event))
             omega = torch.cholesky_solve(rhs.unsqueeze(-1), chol).squeeze(-1)
-            return u - torch.einsum("...k,k...e->...e", omega, basis.reshape(flat)).reshape(u.shape)
+            shift = torch.einsum("...k,k...e->...e", omega, basis.flatten(event))
+            return u - shift.reshape(u.shape)
         x = self._point(p)
         adjoint = p.cached("vertical_adjoint", lambda: self._vertical_adjoint(p))
         omega = conjugate_gradient(
@@ -273,7 +299,9 @@ class QuotientManifold(Manifold):
             return 0.25 * (self.christoffel(x, u + v) - self.christoffel(x, u - v))
         p = self.at(x)
         self._check_vector(p, u)
-        X = p.x
+        # forward-mode AD needs equal shapes, and memory that is not shared between entries
+        shape = torch.broadcast_shapes(p.x.shape, u.shape)
+        X, u = p.x.expand(shape).contiguous(), u.expand(shape).contiguous()
 
         def apply_metric(y: Tensor) -> Tensor:
             return self.metric(y, u)

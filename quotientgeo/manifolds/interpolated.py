@@ -2,10 +2,12 @@ r"""GL(h) two-factor quotient with the interpolated metric ``(1-s)·inv + s·mix
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..linalg import cholesky, cholesky_inverse, gram
-from .base import AtPoint, QuotientManifold
+from .base import AtPoint, QuotientManifold, positive_int
 from .gl import GLQuotient
 
 Tensor = torch.Tensor
@@ -66,12 +68,11 @@ class InterpolatedGLQuotient(QuotientManifold):
         exp_steps: int = 10,
         dense_max: int = 64,
     ):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be a positive integer (rows of G), got {n!r}")
+        n = positive_int(n, "n", "rows of G")
         if not 0.0 <= s <= 1.0:
             raise ValueError(f"s must lie in [0, 1], got {s!r}")
-        if not eps >= 0:
-            raise ValueError(f"eps must be >= 0, got {eps!r}")
+        if not 0 <= eps < math.inf:
+            raise ValueError(f"eps must be finite and >= 0, got {eps!r}")
         super().__init__(exp_steps=exp_steps, dense_max=dense_max)
         self.n = n
         self.s = float(s)

@@ -118,15 +118,29 @@ class RescaleQuotient(QuotientManifold):
             return X * torch.exp(a)
         a_u, a_v = a[..., :1, :], a[..., 1:, :]
         re, im = 1 + a_u + a_v, a_u - a_v
+        if not bool(((im != 0) | (re > 0)).all()):
+            raise ValueError(
+                "the mix geodesic reaches u ⊙ v = 0 before t = 1 (a horizontal vector with "
+                "b = ½ (ξ_u / u + ξ_v / v) ≤ -½ somewhere): the vector is too long for this point"
+            )
         angle = torch.atan2(im, re)
         return X * torch.hypot(re, im).sqrt() * torch.exp(0.5 * torch.cat((angle, -angle), -2))
 
     # ------------------------------------------------------------------ points
+    def _check_free(self, x: Tensor) -> None:
+        if not bool((x != 0).all()):
+            raise ValueError(
+                "the point has zero entries: the re-scaling action is not free there and the "
+                "projection b = ½ (ξ_u / u + ξ_v / v) is undefined"
+            )
+
     def _check_point_on_manifold(self, x, *, atol=1e-5, rtol=1e-5):
         """Entries finite and non-zero (the action is free only there)."""
         x = as_tensor(x)
         if not bool(torch.isfinite(x).all()):
             return False, "the point has non-finite entries"
+        if x.numel() == 0:
+            return True, None
         smallest = x.abs().min().item()
         if smallest == 0:
             return False, "the point has zero entries; the re-scaling action is not free there"

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .base import QuotientManifold, as_tensor
+from .base import QuotientManifold, as_tensor, positive_int
 
 Tensor = torch.Tensor
 
@@ -51,10 +51,7 @@ class ScaleQuotient(QuotientManifold):
     point_aware = True
 
     def __init__(self, ndim: int = 1, *, exp_steps: int = 10):
-        if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 1:
-            raise ValueError(
-                f"ndim must be a positive integer (dimensions of a block), got {ndim!r}"
-            )
+        ndim = positive_int(ndim, "ndim", "dimensions of a block")
         super().__init__(exp_steps=exp_steps)
         self.ndim = ndim
 
@@ -111,7 +108,10 @@ class ScaleQuotient(QuotientManifold):
         """``Σ u v / r²``."""
         p = self.at(x)
         self._check_vector(p, u)
-        v = u if v is None else v
+        if v is None:
+            v = u
+        else:
+            self._check_vector(p, v, "v")
         return self._reduce(u * v, keepdim) / self._reduce(p.x.square(), keepdim)
 
     def proju(self, x, u: Tensor) -> Tensor:
@@ -146,15 +146,25 @@ class ScaleQuotient(QuotientManifold):
         r2 = self._sqnorm(w)
         alpha = self._dot(w, u) / r2
         u_perp = u - alpha * w
-        nu = (self._dot(u_perp, u_perp) / r2).sqrt()
+        # cos ν and sinc ν are smooth in ν²; the clamp keeps the gradient finite at ν = 0
+        nu = (self._dot(u_perp, u_perp) / r2).clamp_min(torch.finfo(w.dtype).tiny).sqrt()
         return torch.exp(alpha) * (torch.cos(nu) * w + torch.sinc(nu / math.pi) * u_perp)
 
     # ------------------------------------------------------------------ points
+    def _check_free(self, x: Tensor) -> None:
+        if not bool((self._sqnorm(x) > 0).all()):
+            raise ValueError(
+                "the point has a zero block: the scaling action is not free there and the "
+                "metric Σ η ζ / ||w||² is undefined"
+            )
+
     def _check_point_on_manifold(self, x, *, atol=1e-5, rtol=1e-5):
         """Entries finite and every block non-zero (the action is free only there)."""
         x = as_tensor(x)
         if not bool(torch.isfinite(x).all()):
             return False, "the point has non-finite entries"
+        if x.numel() == 0:
+            return True, None
         smallest = self._sqnorm(x).sqrt().min().item()
         if smallest == 0:
             return False, "a block is zero; the scaling action is not free there"
