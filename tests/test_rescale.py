@@ -259,25 +259,3 @@ def test_adaptive_floor():
     assert a.egrad2rgrad(w, xi)[0].item() == pytest.approx(1e-12)
     with pytest.raises(ValueError, match="floor"):
         AdaptiveGeometry(floor=0.0)
-
-
-@settings(max_examples=10)
-@given(
-    st.sampled_from(DTYPES),
-    st.floats(-3.0, 1.0).filter(lambda b: abs(1 + 2 * b) > 0.05),  # rounding decides at ±0
-    st.integers(0, 2**31 - 1),
-)
-def test_mix_expmap_refuses_to_cross_zero(dtype, b, seed):
-    """The mix quotient is incomplete: the horizontal geodesic x √(1 + 2bt) reaches u ⊙ v = 0
-    at t = 1 iff b ≤ -½. There a ValueError (regression: a reflected point or zeros); before,
-    the closed form."""
-    g = gen(seed)
-    m = RescaleQuotient("mix")
-    x = (0.5 + torch.rand(2, 2, 3, generator=g, dtype=torch.float64)).to(dtype)
-    xi = x * torch.full((2, 1, 3), b, dtype=dtype)  # horizontal: ξ_u / u = ξ_v / v = b
-    if b <= -0.5:
-        with pytest.raises(ValueError, match="reaches u ⊙ v = 0"):
-            m.expmap(x, xi)
-    else:
-        expected = x * torch.sqrt(torch.tensor(1 + 2 * b, dtype=torch.float64)).to(dtype)
-        assert rel_err(m.expmap(x, xi), expected) <= tol(dtype, 20)

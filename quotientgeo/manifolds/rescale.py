@@ -28,6 +28,9 @@ class RescaleQuotient(QuotientManifold):
       ``a = ξ / x`` and ``c = 1 + t (a_u + a_v) + i t (a_u - a_v)``,
       ``γ(t) = (u √|c| e^{arg(c)/2}, v √|c| e^{-arg(c)/2})``, which for horizontal ``ξ`` is
       ``x √(1 + 2 b t)`` (defined while the line avoids ``p = 0``, i.e. ``1 + 2bt > 0``).
+      Lines through ``p = 0`` (``a_u = a_v``, ``1 + 2 a_u ≤ 0``) have no unique continuation:
+      :meth:`expmap` returns there the limit of the lines that pass it with ``a_u > a_v``
+      (``arg c = π``), and ``0`` if ``c = 0``.
     """
 
     name = "RescaleQuotient"
@@ -118,11 +121,6 @@ class RescaleQuotient(QuotientManifold):
             return X * torch.exp(a)
         a_u, a_v = a[..., :1, :], a[..., 1:, :]
         re, im = 1 + a_u + a_v, a_u - a_v
-        if not bool(((im != 0) | (re > 0)).all()):
-            raise ValueError(
-                "the mix geodesic reaches u ⊙ v = 0 before t = 1 (a horizontal vector with "
-                "b = ½ (ξ_u / u + ξ_v / v) ≤ -½ somewhere): the vector is too long for this point"
-            )
         angle = torch.atan2(im, re)
         return X * torch.hypot(re, im).sqrt() * torch.exp(0.5 * torch.cat((angle, -angle), -2))
 
