@@ -88,6 +88,101 @@ class _Piece:
 
 
 @dataclass
+class _BlockPlan:
+    """A validated block: resolved pieces and the kind it joins."""
+
+    gp: list[_Piece]
+    hp: list[_Piece]
+    key: tuple
+    shape: tuple[int, int]
+    size: int  # batch entries (heads) contributed
+    n: int
+
+
+class _BlockChecker:
+    """Checks :class:`ParameterGeometry` blocks one at a time against those accepted before.
+
+    Keeps what the checks need across blocks: the covered regions of every parameter (host
+    boolean masks over its 2-D view) and the view each parameter is seen through. :meth:`add`
+    costs only the new block's pieces, and an invalid block leaves the state untouched.
+    """
+
+    def __init__(self, geometry: ParameterGeometry):
+        self.geometry = geometry
+        self.coverage: dict[str, Tensor] = {}
+        self.views: dict[str, tuple[int, int]] = {}
+        self.plans: list[_BlockPlan] = []
+
+    def add(self, block: Block) -> _BlockPlan:
+        """Check ``block``; record and return its plan, or raise with nothing recorded."""
+        geometry = self.geometry
+        if block.heads < 1:
+            raise ValueError(f"{block.label}: heads must be >= 1, got {block.heads}")
+        gp = [geometry._resolve(s, block) for s in block.g]
+        hp = [geometry._resolve(s, block) for s in block.h]
+        if block.type == "gl":
+            widths = {geometry._width(p, block) for p in gp + hp}
+            if len(widths) != 1:
+                raise ValueError(
+                    f"{block.label}: the sources give different head widths {sorted(widths)}"
+                )
+            hw = widths.pop()
+            n, m = sum(p.k for p in gp), sum(p.k for p in hp)
+            if hw > n or hw > m:
+                raise ValueError(
+                    f"{block.label}: head width {hw} exceeds the factor rows (G {n}×{hw}, "
+                    f"H {m}×{hw}); full column rank needs h <= n and h <= m"
+                )
+            key, shape, size = ("gl", n, m, hw), (n + m, hw), block.heads
+        elif block.type == "rescale":
+            n, m = sum(p.k for p in gp), sum(p.k for p in hp)
+            if n != m:
+                raise ValueError(f"{block.label}: u has {n} entries but v has {m}")
+            key, shape, size, n = ("rescale", n), (2, n), 1, 1
+        else:
+            raise ValueError(f"unknown block type {block.type!r}")
+        filled: list[Tensor] = []
+        new_masks: list[str] = []
+        new_views: list[str] = []
+        try:
+            for p in gp + hp:
+                mask = self.coverage.get(p.name)
+                if mask is None:
+                    mask = self.coverage[p.name] = torch.zeros(p.view, dtype=torch.bool)
+                    new_masks.append(p.name)
+                region = mask[p.r[0] : p.r[1], p.c[0] : p.c[1]]
+                if bool(region.any()):
+                    raise ValueError(
+                        f"{block.label}: rows {p.r}, cols {p.c} of {p.name!r} already belong to "
+                        "another block"
+                    )
+                region.fill_(True)
+                filled.append(region)
+            for p in gp + hp:
+                view = self.views.get(p.name)
+                if view is None:
+                    self.views[p.name] = p.view
+                    new_views.append(p.name)
+                elif view != p.view:
+                    raise ValueError(
+                        f"{block.label}: parameter {p.name!r} is viewed as {view} by another "
+                        f"block and as {p.view} here"
+                    )
+        except Exception:
+            # every filled region was all False before (it was checked), so this restores it
+            for region in filled:
+                region.fill_(False)
+            for name in new_masks:
+                del self.coverage[name]
+            for name in new_views:
+                del self.views[name]
+            raise
+        plan = _BlockPlan(gp, hp, key, shape, size, n)
+        self.plans.append(plan)
+        return plan
+
+
+@dataclass
 class Kind:
     """All blocks of one type and shape, stored as one batched tensor."""
 
@@ -162,9 +257,10 @@ class ParameterGeometry:
         self._canonical = {name: canonical[id(p)] for name, p in self._all.items()}
         self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
         self.blocks: list[Block] = []
-        self._build()
+        self._checker = _BlockChecker(self)
         for block in blocks:
-            self._add(block)
+            self._add(block, build=False)
+        self._build()
 
     # ------------------------------------------------------------------ declaration
     def add_gl_pair(self, g, h, *, heads: int = 1, label: str | None = None) -> ParameterGeometry:
@@ -188,15 +284,17 @@ class ParameterGeometry:
         label = label or f"re-scaling pair {len(self.blocks)}"
         return self._add(Block("rescale", _as_sources(u), _as_sources(v), 1, label))
 
-    def _add(self, block: Block) -> ParameterGeometry:
-        old = list(self.blocks)
+    def _add(self, block: Block, *, build: bool = True) -> ParameterGeometry:
+        """Validate ``block`` against the blocks declared so far and append it.
+
+        An invalid block raises and leaves the geometry exactly as it was. Validation costs
+        only the new block's pieces; ``build=False`` defers the plan (:meth:`_build`, linear in
+        the number of blocks), so that :func:`find_symmetries` plans once for all its blocks.
+        """
+        self._checker.add(block)
         self.blocks.append(block)
-        try:
+        if build:
             self._build()
-        except Exception:
-            self.blocks = old
-            self._build()
-            raise
         return self
 
     # ------------------------------------------------------------------ plan
@@ -251,73 +349,38 @@ class ParameterGeometry:
         return _Piece(src, name, view, r, c, k)
 
     def _build(self) -> None:
-        """Resolve blocks, group them into kinds, and plan gather/scatter (no tensors copied)."""
+        """Group the validated blocks into kinds and plan gather/scatter (no tensors copied)."""
+        checker = self._checker
         self.kinds: list[Kind] = []
         self._pieces: list[tuple[list[_Piece], list[_Piece]]] = []
         self._block_kind: list[int] = []
         index: dict[tuple, int] = {}
-        coverage: dict[str, Tensor] = {}
-        for bi, block in enumerate(self.blocks):
-            if block.heads < 1:
-                raise ValueError(f"{block.label}: heads must be >= 1, got {block.heads}")
-            gp = [self._resolve(s, block) for s in block.g]
-            hp = [self._resolve(s, block) for s in block.h]
-            if block.type == "gl":
-                widths = {self._width(p, block) for p in gp + hp}
-                if len(widths) != 1:
-                    raise ValueError(
-                        f"{block.label}: the sources give different head widths {sorted(widths)}"
-                    )
-                hw = widths.pop()
-                n, m = sum(p.k for p in gp), sum(p.k for p in hp)
-                if hw > n or hw > m:
-                    raise ValueError(
-                        f"{block.label}: head width {hw} exceeds the factor rows (G {n}×{hw}, "
-                        f"H {m}×{hw}); full column rank needs h <= n and h <= m"
-                    )
-                key, shape, size = ("gl", n, m, hw), (n + m, hw), block.heads
-            elif block.type == "rescale":
-                n, m = sum(p.k for p in gp), sum(p.k for p in hp)
-                if n != m:
-                    raise ValueError(f"{block.label}: u has {n} entries but v has {m}")
-                key, shape, size, n = ("rescale", n), (2, n), 1, 1
-            else:
-                raise ValueError(f"unknown block type {block.type!r}")
-            for p in gp + hp:
-                mask = coverage.setdefault(p.name, torch.zeros(p.view, dtype=torch.bool))
-                region = mask[p.r[0] : p.r[1], p.c[0] : p.c[1]]
-                if bool(region.any()):
-                    raise ValueError(
-                        f"{block.label}: rows {p.r}, cols {p.c} of {p.name!r} already belong to "
-                        "another block"
-                    )
-                region.fill_(True)
-            if key not in index:
-                index[key] = len(self.kinds)
-                self.kinds.append(Kind(block.type, shape, n))
-            kind = self.kinds[index[key]]
+        for bi, (block, plan) in enumerate(zip(self.blocks, checker.plans, strict=True)):
+            if plan.key not in index:
+                index[plan.key] = len(self.kinds)
+                self.kinds.append(Kind(block.type, plan.shape, plan.n))
+            kind = self.kinds[index[plan.key]]
             kind.blocks.append(bi)
-            kind.sizes.append(size)
-            self._pieces.append((gp, hp))
-            self._block_kind.append(index[key])
+            kind.sizes.append(plan.size)
+            self._pieces.append((plan.gp, plan.hp))
+            self._block_kind.append(index[plan.key])
+        coverage = checker.coverage
         # adaptive rest: whole parameters, then uncovered elements of partially covered ones
         self.adaptive_names = [n for n in self.params if n not in coverage]
-        self._partial = {n: ~mask for n, mask in coverage.items() if not bool(mask.all())}
+        uncovered = {n: ~mask for n, mask in coverage.items() if not bool(mask.all())}
         self._adaptive_sizes = [self.params[n].numel() for n in self.adaptive_names] + [
-            int(mask.sum()) for mask in self._partial.values()
+            int(mask.sum()) for mask in uncovered.values()
         ]
+        # uncovered-entry masks live on their parameter's device: gather/scatter index with
+        # them on every evaluation, so they are moved once here, not once per call
+        self._partial = {n: m.to(self.params[n].device) for n, m in uncovered.items()}
         # how each covered parameter is reassembled from its regions
         self._assembly: dict[str, tuple[str, list]] = {}
         regions: dict[str, list] = {}
-        self._views: dict[str, tuple[int, int]] = {}
+        self._views: dict[str, tuple[int, int]] = dict(checker.views)
         for bi, (gp, hp) in enumerate(self._pieces):
             for j, p in enumerate(gp + hp):
                 regions.setdefault(p.name, []).append((p.r, p.c, bi, j))
-                if self._views.setdefault(p.name, p.view) != p.view:
-                    raise ValueError(
-                        f"{self.blocks[bi].label}: parameter {p.name!r} is viewed as "
-                        f"{self._views[p.name]} by another block and as {p.view} here"
-                    )
         for name, regs in regions.items():
             view = self._view_shape(name)
             rows = sorted(regs, key=lambda t: t[0])
@@ -371,6 +434,17 @@ class ParameterGeometry:
 
     def _view_shape(self, name: str) -> tuple[int, int]:
         return self._views[name]
+
+    def _partial_mask(self, name: str, device: torch.device) -> Tensor:
+        """Mask of the uncovered entries of ``name`` (in its view) on ``device``.
+
+        Built on the parameter's device by :meth:`_build`; moved (and kept there) only if the
+        model has been moved since, so steady-state calls copy nothing.
+        """
+        mask = self._partial[name]
+        if mask.device != device:
+            mask = self._partial[name] = mask.to(device)
+        return mask
 
     # ------------------------------------------------------------------ properties
     @property
@@ -437,9 +511,10 @@ class ParameterGeometry:
             parts = [self._gather_block(bi, get) for bi in kind.blocks]
             points.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=0))
         flat = [get(n).reshape(-1) for n in self.adaptive_names]
-        for name, mask in self._partial.items():
-            view = get(name).reshape(mask.shape)
-            flat.append(view[mask.to(view.device)])
+        for name in self._partial:
+            value = get(name)
+            mask = self._partial_mask(name, value.device)
+            flat.append(value.reshape(mask.shape)[mask])
         if flat:
             w = torch.cat(flat)
         else:
@@ -507,7 +582,7 @@ class ParameterGeometry:
                         region = torch.slice_scatter(value[r[0] : r[1]], region, 1, c[0], c[1])
                     value = torch.slice_scatter(value, region, 0, r[0], r[1])
                 if name in residual:
-                    mask = self._partial[name].to(value.device)
+                    mask = self._partial_mask(name, value.device)
                     value = value.masked_scatter(mask, residual[name].to(dtype))
             out[name] = value.reshape(p.shape).to(p.dtype)
         return out
@@ -682,8 +757,9 @@ class _Finder:
         if not all(trainable):
             self.warning(f"{label}: some factors are frozen; left to the adaptive geometry")
             return
+        block = Block("gl", _as_sources(list(g)), _as_sources(list(h)), int(heads), label)
         try:
-            self.geometry.add_gl_pair(list(g), list(h), heads=heads, label=label)
+            self.geometry._add(block, build=False)  # validated now, planned once in run()
         except ValueError as err:
             self.warning(f"{label}: not mapped ({err}); left to the adaptive geometry")
 
@@ -825,6 +901,7 @@ class _Finder:
                 pass
             else:
                 self.lora(prefix, module)
+        self.geometry._build()
         return self.geometry
 
 

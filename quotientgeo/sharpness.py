@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import numbers
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -415,16 +416,57 @@ def _apgd(problem: _Problem, start: list[Tensor], rho: float, n_iter: int, resta
 
 
 # ---------------------------------------------------------------------- setup and checks
-def _check_common(rho, n_iter_name: str, n_iter: int, seed) -> float:
-    if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not math.isfinite(rho):
-        raise ValueError(f"rho must be a positive finite number, got {rho!r}")
-    if rho <= 0:
-        raise ValueError(f"rho must be > 0, got {rho!r}")
-    if isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1:
-        raise ValueError(f"{n_iter_name} must be a positive integer, got {n_iter!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
-    return float(rho)
+def _scalar(value):
+    """A 0-dim non-bool tensor as its Python number (one read, at the call); else ``value``."""
+    if isinstance(value, Tensor) and value.dim() == 0 and value.dtype != torch.bool:
+        return value.item()
+    return value
+
+
+def _positive_real(name: str, value) -> float:
+    """``value`` as a Python float: a finite ``numbers.Real`` (not a bool; numpy scalars
+    included) or a 0-dim real tensor, and > 0."""
+    number = _scalar(value)
+    if isinstance(number, bool) or not isinstance(number, numbers.Real):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    number = float(number)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    if number <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return number
+
+
+def _integer(name: str, value, *, positive: bool) -> int:
+    """``value`` as a Python int: a ``numbers.Integral`` (not a bool; numpy integers included)
+    or a 0-dim integer tensor; with ``positive``, >= 1."""
+    number = _scalar(value)
+    if isinstance(number, bool) or not isinstance(number, numbers.Integral):
+        what = "a positive integer" if positive else "an integer"
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    number = int(number)
+    if positive and number < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return number
+
+
+def _metric_value(metric):
+    """A numeric metric ``s`` (``numbers.Real`` or 0-dim tensor, not a bool) as a Python
+    float; names and anything else unchanged, for :func:`_setup` to check."""
+    number = _scalar(metric)
+    if isinstance(number, numbers.Real) and not isinstance(number, bool):
+        return float(number)
+    return metric
+
+
+def _check_common(rho, n_iter_name: str, n_iter, seed) -> tuple[float, int, int]:
+    """``(rho, n_iter, seed)`` as Python ``float``, ``int``, ``int``; numpy scalars and 0-dim
+    tensors are accepted, bools and non-finite or non-positive sizes are not."""
+    return (
+        _positive_real("rho", rho),
+        _integer(n_iter_name, n_iter, positive=True),
+        _integer("seed", seed, positive=False),
+    )
 
 
 def _setup(model, loss_fn, symmetries, metric, perturbation, norm, warn_missing=True):
@@ -493,7 +535,16 @@ def _settings(measure, geometry, rho, metric, perturbation, norm, eps, seed, **e
     }
 
 
-def _bar(progress: bool, total: int, desc: str):
+def _total(batches, per_batch: int) -> int | None:
+    """Progress-bar total ``len(batches) · per_batch``, or ``None`` when ``batches`` has no
+    length (a generator; a ``DataLoader`` over an ``IterableDataset``, whose ``len`` raises)."""
+    try:
+        return len(batches) * per_batch
+    except TypeError:
+        return None
+
+
+def _bar(progress: bool, total: int | None, desc: str):
     return tqdm(total=total, desc=desc, disable=not progress, dynamic_ncols=True, leave=False)
 
 
@@ -521,7 +572,8 @@ def geodesic_sharpness(
         model: the network; read only (restored bit-exactly, also on errors).
         loss_fn: ``loss_fn(model, batch) -> scalar tensor`` (move the batch to the model's
             device inside it if needed).
-        batches: any iterable of batches (a list, a ``DataLoader``), iterated once.
+        batches: any iterable of batches (a list, a ``DataLoader``, also over an
+            ``IterableDataset``), iterated once.
         rho: ball radius (> 0).
         metric: ``"mix"`` or ``"inv"``: the GL/re-scaling quotient metric of symmetry blocks;
             a number ``s ∈ [0, 1]`` gives GL blocks the metric ``(1-s)·inv + s·mix``
@@ -539,10 +591,14 @@ def geodesic_sharpness(
         seed: seed of those random directions.
         eps: Gram relaxation of GL blocks (``P + eps·I``), for rank-deficient heads.
         progress: show a tqdm progress bar.
+
+    Numeric arguments (``rho``, a numeric ``metric``, ``n_iter``, ``restarts``, ``seed``) may be
+    Python numbers, numpy scalars or 0-dim tensors (read once with ``.item()``); they are used
+    and recorded in ``settings`` as Python ``float`` / ``int``. Bools are rejected.
     """
-    rho = _check_common(rho, "n_iter", n_iter, seed)
-    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 1:
-        raise ValueError(f"restarts must be a positive integer, got {restarts!r}")
+    rho, n_iter, seed = _check_common(rho, "n_iter", n_iter, seed)
+    restarts = _integer("restarts", restarts, positive=True)
+    metric = _metric_value(metric)
     geometry = _setup(
         model, loss_fn, symmetries, metric, perturbation, norm, warn_missing=_measure != "adaptive"
     )
@@ -551,10 +607,7 @@ def geodesic_sharpness(
     with _model_state_preserved(model):
         problem = _Problem(model, loss_fn, geometry, metric, perturbation, norm, eps)
         gen = torch.Generator(device=problem.device).manual_seed(seed)
-        total = None
-        if hasattr(batches, "__len__"):
-            total = len(batches) * restarts * n_iter
-        with _bar(progress, total, f"{_measure} sharpness") as bar:
+        with _bar(progress, _total(batches, restarts * n_iter), f"{_measure} sharpness") as bar:
             for i, batch in enumerate(batches):
                 problem.batch, problem.batch_index = batch, i
                 base = worst = None
@@ -657,15 +710,15 @@ def average_sharpness(
     to the horizontal space and scaled to norm ``ρ``; ``n_samples`` forward passes per batch.
     The switches mean what they mean for :func:`geodesic_sharpness`.
     """
-    rho = _check_common(rho, "n_samples", n_samples, seed)
+    rho, n_samples, seed = _check_common(rho, "n_samples", n_samples, seed)
+    metric = _metric_value(metric)
     geometry = _setup(model, loss_fn, symmetries, metric, perturbation, norm)
     t0 = time.perf_counter()
     base_losses, mean_losses, traces = [], [], []
     with _model_state_preserved(model):
         problem = _Problem(model, loss_fn, geometry, metric, perturbation, norm, eps)
         gen = torch.Generator(device=problem.device).manual_seed(seed)
-        total = len(batches) * n_samples if hasattr(batches, "__len__") else None
-        with _bar(progress, total, "average sharpness") as bar:
+        with _bar(progress, _total(batches, n_samples), "average sharpness") as bar:
             for i, batch in enumerate(batches):
                 problem.batch, problem.batch_index = batch, i
                 losses = torch.empty(n_samples + 1, dtype=problem.dtype, device=problem.device)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from unittest import mock
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from quotientgeo.geometry import ParameterGeometry, Source, find_symmetries
+from quotientgeo.geometry import Block, ParameterGeometry, Source, find_symmetries
 
 DT = torch.float64
 
@@ -411,3 +412,127 @@ def test_scatter_is_differentiable_and_does_not_touch_the_model():
         torch.testing.assert_close(g, torch.full_like(g, 2.0))
     for n, p in model.named_parameters():
         assert torch.equal(p, snapshot[n])
+
+
+# ---------------------------------------------------------------------- cost of declaring blocks
+def _count_planning(build_model):
+    """``(_build calls, _resolve calls, geometry)`` of ``find_symmetries(build_model())``."""
+    model = build_model()
+    with (
+        mock.patch.object(
+            ParameterGeometry, "_build", autospec=True, side_effect=ParameterGeometry._build
+        ) as build,
+        mock.patch.object(
+            ParameterGeometry, "_resolve", autospec=True, side_effect=ParameterGeometry._resolve
+        ) as resolve,
+    ):
+        geometry = find_symmetries(model)
+    return build.call_count, resolve.call_count, geometry
+
+
+def test_discovery_plans_once_whatever_the_number_of_blocks():
+    """find_symmetries used to re-plan every block on every declaration: quadratic in blocks."""
+    one = _count_planning(lambda: encoder(d=8, heads=2, layers=1))
+    six = _count_planning(lambda: encoder(d=8, heads=2, layers=6))
+    assert len(one[2].blocks) == 2 and len(six[2].blocks) == 12
+    # the empty geometry's plan and one for all blocks, however many there are (was 1 + blocks)
+    assert one[0] == six[0] <= 2
+    assert six[1] == 6 * one[1]  # every source resolved a fixed number of times: linear
+
+
+def test_discovery_and_explicit_declarations_build_the_same_geometry():
+    model = encoder(d=8, heads=2, layers=3)
+    found = find_symmetries(model)
+    at_once = ParameterGeometry(model, found.blocks)
+    one_by_one = ParameterGeometry(model)
+    for b in found.blocks:
+        one_by_one.add_gl_pair(list(b.g), list(b.h), heads=b.heads, label=b.label)
+    for other in (at_once, one_by_one):
+        assert other.blocks == found.blocks
+        assert [(k.type, k.shape, k.n, k.blocks, k.sizes) for k in other.kinds] == [
+            (k.type, k.shape, k.n, k.blocks, k.sizes) for k in found.kinds
+        ]
+        assert other._assembly == found._assembly and other._batched == found._batched
+        assert other.adaptive_names == found.adaptive_names and other.summary() == found.summary()
+        for a, b in zip(
+            other.gather()[0] + [other.gather()[1]],
+            found.gather()[0] + [found.gather()[1]],
+            strict=True,
+        ):
+            assert torch.equal(a, b)
+
+
+def test_rejected_declaration_leaves_coverage_and_views_untouched():
+    """A block failing on a later source must release what its earlier sources claimed."""
+    torch.manual_seed(0)
+    model = TwoLayer().to(DT)
+    geometry = ParameterGeometry(model).add_gl_pair(
+        [Source("fc1.weight", rows=(0, 2)), Source("fc1.bias", rows=(0, 2))],
+        Source("fc2.weight", axis=1, cols=(0, 2)),
+        heads=2,
+        label="units 0-1",
+    )
+    before = geometry.summary()
+    # claims fc1 rows 2..3 and fc2 columns 2..3, then its third source overlaps its first
+    with pytest.raises(ValueError, match="already belong to another block"):
+        geometry.add_gl_pair(
+            Source("fc1.weight", rows=(2, 4)),
+            [Source("fc2.weight", axis=1, cols=(2, 4)), Source("fc1.weight", rows=(3, 5))],
+        )
+    # sees fc2.bias as (1, 3) and claims fc1 rows 4..5, then views fc2.weight differently
+    with pytest.raises(ValueError, match="viewed as"):
+        geometry.add_gl_pair(
+            [
+                Source("fc2.bias", view=(1, 3), cols=(0, 2), axis=1),
+                Source("fc1.weight", rows=(4, 6)),
+            ],
+            Source("fc2.weight", view=(9, 2), rows=(7, 9)),
+        )
+    assert [b.label for b in geometry.blocks] == ["units 0-1"]
+    assert geometry.summary() == before
+    # the regions and views the rejected blocks touched are free again
+    geometry.add_gl_pair(
+        [Source("fc1.weight", rows=(2, 6)), Source("fc1.bias", rows=(2, 6))],
+        Source("fc2.weight", axis=1, cols=(2, 6)),
+        heads=4,
+    )
+    assert geometry.adaptive_names == ["fc2.bias"] and not geometry._partial
+    assert geometry.n_adaptive == 3 and geometry.kinds[0].batch == 6
+    # fc2.bias in its own (3, 1) view: the rejected (1, 3) view is forgotten
+    geometry.add_rescale_pair(Source("fc2.bias", rows=(0, 1)), Source("fc2.bias", rows=(1, 2)))
+    assert list(geometry._partial) == ["fc2.bias"] and geometry.n_adaptive == 1
+    assert_roundtrip_exact(geometry)
+    # the constructor rejects the same way, naming the offending block
+    bad = Block(
+        "gl", (Source("fc1.weight", rows=(0, 2)),), (Source("fc1.weight", rows=(1, 3)),), 1, "clash"
+    )
+    with pytest.raises(ValueError, match=r"clash: rows \(1, 3\), .* already belong"):
+        ParameterGeometry(model, [bad])
+
+
+def test_partly_covered_parameters_copy_no_mask_per_call(monkeypatch):
+    """Uncovered-entry masks are placed on the parameters' device once, not per gather/scatter."""
+    torch.manual_seed(0)
+    model = TwoLayer().to(DT)
+    geometry = ParameterGeometry(model).add_gl_pair(
+        Source("fc1.weight", rows=(0, 4)), Source("fc2.weight", axis=1, cols=(0, 4)), heads=4
+    )
+    assert set(geometry._partial) == {"fc1.weight", "fc2.weight"}
+    for name, mask in geometry._partial.items():
+        assert mask.device == geometry.params[name].device
+    moved_masks = []
+    original_to = torch.Tensor.to
+
+    def counting_to(self, *args, **kwargs):
+        if self.dtype == torch.bool:
+            moved_masks.append((tuple(self.shape), args, kwargs))
+        return original_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", counting_to)
+    points, w = geometry.gather()
+    for _ in range(3):
+        out = geometry.scatter([x * 1.5 for x in points], w * 0.5)
+        geometry.gather(out)
+    assert moved_masks == []
+    monkeypatch.undo()
+    assert_roundtrip_exact(geometry)

@@ -7,13 +7,16 @@ import itertools
 import json
 import math
 import warnings
+from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import tiny_bert
 from scipy.optimize import brentq
 from torch import nn
+from torch.utils.data import DataLoader, IterableDataset
 
 import quotientgeo.sharpness as sharpness_module
 from quotientgeo.geometry import ParameterGeometry, find_symmetries
@@ -459,6 +462,107 @@ def test_bad_rho_and_sizes():
             symmetries=ParameterGeometry(mlp()),
             progress=False,
         )
+
+
+@pytest.mark.parametrize(
+    "rho", [np.float32(0.1), np.float64(0.1), torch.tensor(0.1), torch.tensor(0.1, dtype=DT)]
+)
+def test_numpy_and_tensor_scalars_are_accepted(rho):
+    """numbers.Real / numbers.Integral (numpy scalars) and 0-dim tensors mean their value."""
+    model, batches = mlp(), mlp_batches(1)
+    want = float(rho)
+    for measure, size in ((geodesic_sharpness, "n_iter"), (average_sharpness, "n_samples")):
+        kw = {size: np.int64(3), "seed": np.int64(5), "progress": False}
+        if measure is geodesic_sharpness:
+            kw["restarts"] = np.int64(2)
+        got = measure(model, classification_loss, batches, rho=rho, **kw)
+        plain = {k: int(v) if isinstance(v, np.integer) else v for k, v in kw.items()}
+        ref = measure(model, classification_loss, batches, rho=want, **plain)
+        assert got.value == ref.value and got.trace == ref.trace
+        settings = got.settings
+        assert type(settings["rho"]) is float and settings["rho"] == want
+        assert type(settings["seed"]) is int and type(settings[size]) is int
+        json.dumps(got.to_dict())  # numpy scalars would not serialise
+    r = adaptive_sharpness(
+        model, classification_loss, batches, rho=Fraction(1, 10), n_iter=2, progress=False
+    )
+    assert r.settings["rho"] == 0.1 and r.settings["restarts"] == 1
+    kw = dict(rho=0.1, n_iter=2, progress=False)
+    r = adaptive_sharpness(model, classification_loss, batches, seed=torch.tensor(5), **kw)
+    assert r.to_dict() | {"wall_time": 0} == (
+        adaptive_sharpness(model, classification_loss, batches, seed=5, **kw).to_dict()
+        | {"wall_time": 0}
+    )
+
+
+def test_numeric_metric_accepts_numpy_and_tensor_scalars(transformer_problem):
+    model, batches = transformer_problem
+    kw = dict(rho=0.05, n_iter=3, progress=False)
+    ref = geodesic_sharpness(model, classification_loss, batches, metric=0.5, **kw)
+    for s in (np.float32(0.5), torch.tensor(0.5)):
+        got = geodesic_sharpness(model, classification_loss, batches, metric=s, **kw)
+        assert got.value == ref.value and type(got.settings["metric"]) is float
+    with pytest.raises(ValueError, match="must lie in"):
+        geodesic_sharpness(model, classification_loss, batches, metric=np.float64(1.5), **kw)
+    with pytest.raises(ValueError, match="metric must be one of"):
+        geodesic_sharpness(model, classification_loss, batches, metric=np.bool_(True), **kw)
+
+
+def test_bad_scalar_arguments_are_rejected_clearly():
+    model, batches = mlp(), mlp_batches(1)
+
+    def run(**kw):
+        kw.setdefault("rho", 0.1)
+        geodesic_sharpness(model, classification_loss, batches, n_iter=2, progress=False, **kw)
+
+    for rho in (np.float32("nan"), torch.tensor(float("inf")), np.float64(-1.0), torch.tensor(0)):
+        with pytest.raises(ValueError, match=r"rho must be (> 0|a positive finite number)"):
+            run(rho=rho)
+    for rho in (True, np.bool_(True), torch.tensor(True), "0.1", torch.tensor([0.1, 0.2]), 1j):
+        with pytest.raises(ValueError, match="rho must be a positive finite number"):
+            run(rho=rho)
+    for bad in (np.float64(3.0), 3.0, np.int64(0), True, torch.tensor(3.0), torch.tensor([3])):
+        with pytest.raises(ValueError, match="n_iter must be a positive integer"):
+            geodesic_sharpness(
+                model, classification_loss, batches, rho=0.1, n_iter=bad, progress=False
+            )
+        with pytest.raises(ValueError, match="restarts must be a positive integer"):
+            run(restarts=bad)
+    for seed in (1.5, np.float32(1.0), False, "1"):
+        with pytest.raises(ValueError, match="seed must be an integer"):
+            run(seed=seed)
+    with pytest.raises(ValueError, match="n_samples must be a positive integer"):
+        average_sharpness(
+            model, classification_loss, batches, rho=0.1, n_samples=np.int32(-1), progress=False
+        )
+
+
+class _Stream(IterableDataset):
+    """An iterable dataset without ``__len__``: ``len(DataLoader(_Stream(...)))`` raises."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_dataloader_over_an_iterable_dataset(progress):
+    model, batches = mlp(), mlp_batches(2)
+    loader = DataLoader(_Stream(batches), batch_size=None)
+    with pytest.raises(TypeError):
+        len(loader)  # the case: DataLoader has __len__, and it raises
+    kw = dict(rho=0.1, progress=progress)
+    for measure, size in (
+        (geodesic_sharpness, "n_iter"),
+        (adaptive_sharpness, "n_iter"),
+        (average_sharpness, "n_samples"),
+    ):
+        got = measure(model, classification_loss, loader, **kw, **{size: 3})
+        ref = measure(model, classification_loss, batches, **kw, **{size: 3})
+        assert len(got.per_batch) == 2 and got.settings["n_batches"] == 2
+        assert got.per_batch == ref.per_batch and got.trace == ref.trace
 
 
 def test_empty_batches():
