@@ -8,9 +8,13 @@ from .geometry import ParameterGeometry, Source, find_symmetries
 from .manifolds import (
     AdaptiveGeometry,
     AtPoint,
+    GLInvQuotient,
+    GLMixQuotient,
     GLQuotient,
     InterpolatedGLQuotient,
     QuotientManifold,
+    RescaleInvQuotient,
+    RescaleMixQuotient,
     RescaleQuotient,
     ScaleQuotient,
 )
@@ -21,10 +25,14 @@ __version__ = "0.1.0"
 __all__ = [
     "AdaptiveGeometry",
     "AtPoint",
+    "GLInvQuotient",
+    "GLMixQuotient",
     "GLQuotient",
     "InterpolatedGLQuotient",
     "ParameterGeometry",
     "QuotientManifold",
+    "RescaleInvQuotient",
+    "RescaleMixQuotient",
     "RescaleQuotient",
     "ScaleQuotient",
     "SharpnessResult",

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
-import numbers
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -47,9 +47,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .geometry import _HALF, ParameterGeometry, find_symmetries
-from .linalg import cholesky, gram
-from .manifolds import AdaptiveGeometry, GLQuotient, InterpolatedGLQuotient
+from .geometry import HALF, ParameterGeometry, find_symmetries
+from .manifolds import AdaptiveGeometry
+from .validation import integer, is_real, positive_int, positive_real, real_in
 
 Tensor = torch.Tensor
 
@@ -100,104 +100,45 @@ class SharpnessResult:
         )
 
 
-# ---------------------------------------------------------------------- blocks
-class _AdaptiveBlock:
-    """The adaptive rest in whitened coordinates ``c = ξ / ŵ``, where the metric is Euclidean.
+# ---------------------------------------------------------------------- kinds
+MOVES = {"second_order": "expmap2", "first_order": "retr", "exact": "expmap"}
 
-    ``move(c) = w + ŵ ⊙ c``; the gradient in ``c`` is already the Riemannian gradient
-    (``∇ ⊙ ŵ²`` in ``ξ``, expressed in ``c``), the norm is ``||c||₂``, every vector is horizontal.
+
+class _Kind:
+    """One kind of points during a measurement, through the manifold API only.
+
+    ``manifold`` carries the perturbation (``move``: one of its ``expmap2``, ``retr``,
+    ``expmap`` at the cached base point) and the horizontal space; ``ball`` is the metric of
+    the ball and of the gradient: ``manifold`` itself (Riemannian norm) or the element-wise
+    :class:`~quotientgeo.AdaptiveGeometry` (adaptive norm, perturbations kept horizontal).
     """
 
-    def __init__(self, w: Tensor, floor: float):
-        self.w = w
-        self.s = w.abs().clamp_min(floor)
-
-    def move(self, c: Tensor) -> Tensor:
-        return torch.addcmul(self.w, self.s, c)
-
-    def rgrad(self, d: Tensor) -> Tensor:
-        return d
-
-    def sqnorm(self, c: Tensor) -> Tensor:
-        return torch.dot(c, c)
-
-    def proj(self, c: Tensor) -> Tensor:
-        return c
-
-    def random(self, gen: torch.Generator) -> Tensor:
-        return torch.randn(self.w.shape, generator=gen, dtype=self.w.dtype, device=self.w.device)
-
-    def ambient(self, c: Tensor) -> Tensor:
-        return c * self.s
-
-
-class _QuotientBlock:
-    """One kind of symmetry block: ``pt = manifold.at(x)`` computed once, ξ in ambient form."""
-
-    def __init__(self, manifold, x: Tensor, perturbation: str, norm: str, floor: float):
+    def __init__(self, manifold, x: Tensor, move: str, ball):
         self.manifold = manifold
-        self.pt = pt = manifold.at(x)
-        self.move = {"second_order": pt.expmap2, "first_order": pt.retr, "exact": pt.expmap}[
-            perturbation
-        ]
-        self.adaptive = norm == "adaptive"
-        if self.adaptive:
-            self.s2 = x.abs().clamp_min(floor).square()
+        self.point = manifold.at(x)
+        self.move = functools.partial(getattr(manifold, move), self.point)
+        self.ball = ball
+        self.ball_point = self.point if ball is manifold else ball.at(x)
+
+    def zeros(self) -> Tensor:
+        return torch.zeros_like(self.point.x)
 
     def rgrad(self, d: Tensor) -> Tensor:
-        if self.adaptive:
-            return self.pt.proju(d * self.s2)
-        return self.pt.egrad2rgrad(d)
+        """Horizontal gradient in the ball metric: ``egrad2rgrad`` (or ``proj(M_ball⁻¹ ∇)``)."""
+        if self.ball is self.manifold:
+            return self.manifold.egrad2rgrad(self.point, d)
+        return self.manifold.proju(self.point, self.ball.egrad2rgrad(self.ball_point, d))
 
     def sqnorm(self, c: Tensor) -> Tensor:
-        if self.adaptive:
-            return (c.square() / self.s2).sum()
-        return self.pt.inner(c).sum()
-
-    def proj(self, c: Tensor) -> Tensor:
-        return self.pt.proju(c)
+        return self.ball.inner(self.ball_point, c).sum()
 
     def random(self, gen: torch.Generator) -> Tensor:
-        x = self.pt.x
-        e = torch.randn(x.shape, generator=gen, dtype=x.dtype, device=x.device)
-        if self.adaptive:
-            return self.proj(e * self.s2.sqrt())
-        return self.proj(_isotropic(self.manifold, self.pt, e))
-
-    def ambient(self, c: Tensor) -> Tensor:
-        return c
-
-
-def _isotropic(manifold, pt, e: Tensor) -> Tensor:
-    """``T e`` with ``<T e, T e'>_x = e·e'``: a standard Gaussian of the metric at ``x``."""
-    if isinstance(manifold, GLQuotient):
-
-        def factors():
-            G, H = manifold.split(pt.x)
-            return cholesky(gram(G, manifold.eps), "GᵀG"), cholesky(gram(H, manifold.eps), "HᵀH")
-
-        LP, LQ = pt.cached("isotropic_cholesky", factors)
-        eG, eH = manifold.split(e)
-        if manifold.metric_name == "inv":  # tr(P⁻¹ ξᵀξ): ξ = e Lᵀ
-            return manifold.join(eG @ LP.mT, eH @ LQ.mT)
-        # mix, tr(Q ξ_Gᵀ ξ_G): ξ_G = e L_Q⁻¹ (and ξ_H = e L_P⁻¹)
-        solve = torch.linalg.solve_triangular
-        return manifold.join(
-            solve(LQ, eG, upper=False, left=False), solve(LP, eH, upper=False, left=False)
+        """Random horizontal direction, isotropic in the ball metric before the projection."""
+        if self.ball is self.manifold:
+            return self.manifold.random_tangent(self.point, generator=gen)
+        return self.manifold.proju(
+            self.point, self.ball.random_tangent(self.ball_point, generator=gen)
         )
-    if isinstance(manifold, InterpolatedGLQuotient):  # tr(ξ W ξᵀ) = |e|²: ξ = e L⁻¹, W = L Lᵀ
-
-        def weight_factors():
-            return tuple(cholesky(W, "the metric weight") for W in manifold.weights(pt.x))
-
-        LG, LH = pt.cached("isotropic_cholesky", weight_factors)
-        eG, eH = manifold.split(e)
-        solve = torch.linalg.solve_triangular
-        return manifold.join(
-            solve(LG, eG, upper=False, left=False), solve(LH, eH, upper=False, left=False)
-        )
-    # diagonal metrics (re-scaling, adaptive): ξ = e / sqrt(diag M)
-    return e / manifold.metric(pt.x, torch.ones_like(e)).sqrt()
 
 
 # ---------------------------------------------------------------------- model state
@@ -261,17 +202,20 @@ class _Problem:
         self.wrapper = _LossOf(model, loss_fn)
         points, w = geometry.gather()
         self.dtype, self.device = w.dtype, w.device
-        floor = AdaptiveGeometry().floor
-        manifolds = geometry.manifolds(metric, eps=eps)
+
+        def ball(manifold):
+            return manifold if norm == "riemannian" else AdaptiveGeometry()
+
         self.blocks = [
-            _QuotientBlock(m, x, perturbation, norm, floor)
-            for m, x in zip(manifolds, points, strict=True)
+            _Kind(m, x, MOVES[perturbation], ball(m))
+            for m, x in zip(geometry.manifolds(metric, eps=eps), points, strict=True)
         ]
-        self.blocks.append(_AdaptiveBlock(w, floor))
+        rest = geometry.rest_manifold()  # adaptive sharpness: straight lines, its own metric
+        self.blocks.append(_Kind(rest, w, MOVES["first_order"], rest))
         self.batch_index = 0
 
     def zeros(self) -> list[Tensor]:
-        return [torch.zeros_like(b.pt.x if hasattr(b, "pt") else b.w) for b in self.blocks]
+        return [b.zeros() for b in self.blocks]
 
     def sqnorm(self, cs: list[Tensor]) -> Tensor:
         return sum(b.sqnorm(c) for b, c in zip(self.blocks, cs, strict=True))
@@ -416,57 +360,18 @@ def _apgd(problem: _Problem, start: list[Tensor], rho: float, n_iter: int, resta
 
 
 # ---------------------------------------------------------------------- setup and checks
-def _scalar(value):
-    """A 0-dim non-bool tensor as its Python number (one read, at the call); else ``value``."""
-    if isinstance(value, Tensor) and value.dim() == 0 and value.dtype != torch.bool:
-        return value.item()
-    return value
-
-
-def _positive_real(name: str, value) -> float:
-    """``value`` as a Python float: a finite ``numbers.Real`` (not a bool; numpy scalars
-    included) or a 0-dim real tensor, and > 0."""
-    number = _scalar(value)
-    if isinstance(number, bool) or not isinstance(number, numbers.Real):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    number = float(number)
-    if not math.isfinite(number):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    if number <= 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-    return number
-
-
-def _integer(name: str, value, *, positive: bool) -> int:
-    """``value`` as a Python int: a ``numbers.Integral`` (not a bool; numpy integers included)
-    or a 0-dim integer tensor; with ``positive``, >= 1."""
-    number = _scalar(value)
-    if isinstance(number, bool) or not isinstance(number, numbers.Integral):
-        what = "a positive integer" if positive else "an integer"
-        raise ValueError(f"{name} must be {what}, got {value!r}")
-    number = int(number)
-    if positive and number < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return number
-
-
 def _metric_value(metric):
-    """A numeric metric ``s`` (``numbers.Real`` or 0-dim tensor, not a bool) as a Python
-    float; names and anything else unchanged, for :func:`_setup` to check."""
-    number = _scalar(metric)
-    if isinstance(number, numbers.Real) and not isinstance(number, bool):
-        return float(number)
+    """A numeric metric ``s`` as a Python ``float`` in ``[0, 1]``; names unchanged."""
+    if is_real(metric):
+        return real_in("an interpolated metric s", metric, 0.0, 1.0)
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS} or a number s in [0, 1], got {metric!r}")
     return metric
 
 
 def _check_common(rho, n_iter_name: str, n_iter, seed) -> tuple[float, int, int]:
-    """``(rho, n_iter, seed)`` as Python ``float``, ``int``, ``int``; numpy scalars and 0-dim
-    tensors are accepted, bools and non-finite or non-positive sizes are not."""
-    return (
-        _positive_real("rho", rho),
-        _integer(n_iter_name, n_iter, positive=True),
-        _integer("seed", seed, positive=False),
-    )
+    """``(rho, n_iter, seed)`` as Python ``float``, ``int``, ``int``."""
+    return positive_real("rho", rho), positive_int(n_iter_name, n_iter), integer("seed", seed)
 
 
 def _setup(model, loss_fn, symmetries, metric, perturbation, norm, warn_missing=True):
@@ -474,11 +379,7 @@ def _setup(model, loss_fn, symmetries, metric, perturbation, norm, warn_missing=
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not callable(loss_fn):
         raise TypeError("loss_fn must be callable as loss_fn(model, batch) -> scalar tensor")
-    spectrum = isinstance(metric, (int, float)) and not isinstance(metric, bool)
-    if spectrum and not 0 <= metric <= 1:
-        raise ValueError(f"an interpolated metric s must lie in [0, 1], got {metric!r}")
     for value, allowed, what in (
-        (metric if not spectrum else METRICS[0], METRICS, "metric"),
         (perturbation, PERTURBATIONS, "perturbation"),
         (norm, NORMS, "norm"),
     ):
@@ -506,7 +407,7 @@ def _setup(model, loss_fn, symmetries, metric, perturbation, norm, warn_missing=
         )
     if not geometry.params:
         raise ValueError("the model has no trainable parameters (requires_grad=True)")
-    half = sorted({str(p.dtype) for p in geometry.params.values() if p.dtype in _HALF})
+    half = sorted({str(p.dtype) for p in geometry.params.values() if p.dtype in HALF})
     if half:
         warnings.warn(
             f"the model has {', '.join(half)} parameters: the geometry (points, perturbations, "
@@ -562,7 +463,7 @@ def geodesic_sharpness(
     n_iter: int = 100,
     restarts: int = 1,
     seed: int = 0,
-    eps: float = 0.0,
+    eps: float | None = None,
     progress: bool = True,
     _measure: str = "geodesic",
 ) -> SharpnessResult:
@@ -575,12 +476,15 @@ def geodesic_sharpness(
         batches: any iterable of batches (a list, a ``DataLoader``, also over an
             ``IterableDataset``), iterated once.
         rho: ball radius (> 0).
-        metric: ``"mix"`` or ``"inv"``: the GL/re-scaling quotient metric of symmetry blocks;
-            a number ``s ∈ [0, 1]`` gives GL blocks the metric ``(1-s)·inv + s·mix``
+        metric: ``"mix"`` or ``"inv"``: the metric of the GL and re-scaling kinds
+            (:meth:`~quotientgeo.QuotientManifold.with_metric`); a number ``s ∈ [0, 1]`` gives
+            GL kinds the metric ``(1-s)·inv + s·mix``
             (:class:`~quotientgeo.InterpolatedGLQuotient`, geometry from the generic base).
-        perturbation: ``"second_order"`` (``x + ξ - ½Γ(ξ,ξ)``), ``"first_order"`` (``x + ξ``)
-            or ``"exact"`` (the geodesic; RK4 for GL blocks) on symmetry blocks; the adaptive
-            rest always moves along straight lines.
+            Other manifolds declared with :meth:`ParameterGeometry.add` keep their own metric.
+        perturbation: ``"second_order"`` (``expmap2``: ``x + ξ - ½Γ(ξ,ξ)``), ``"first_order"``
+            (``retr``: ``x + ξ``) or ``"exact"`` (``expmap``: the geodesic; RK4 where no closed
+            form is known) on symmetry blocks; the adaptive rest always moves along straight
+            lines.
         norm: ``"riemannian"``: the ball and gradient use the quotient metric; ``"adaptive"``:
             they use the element-wise ``|w|`` metric while perturbations stay horizontal.
         symmetries: ``"auto"`` (:func:`~quotientgeo.find_symmetries`), an explicit
@@ -589,7 +493,8 @@ def geodesic_sharpness(
         n_iter: Auto-PGD iterations (one forward and backward pass each) per batch and restart.
         restarts: restart 0 starts at ``ξ = 0``; later ones at random horizontal directions.
         seed: seed of those random directions.
-        eps: Gram relaxation of GL blocks (``P + eps·I``), for rank-deficient heads.
+        eps: Gram relaxation of GL kinds (``P + eps·I``), for rank-deficient heads;
+            ``None`` keeps each kind's own (0 for discovered and ``add_gl_pair`` blocks).
         progress: show a tqdm progress bar.
 
     Numeric arguments (``rho``, a numeric ``metric``, ``n_iter``, ``restarts``, ``seed``) may be
@@ -597,7 +502,7 @@ def geodesic_sharpness(
     and recorded in ``settings`` as Python ``float`` / ``int``. Bools are rejected.
     """
     rho, n_iter, seed = _check_common(rho, "n_iter", n_iter, seed)
-    restarts = _integer("restarts", restarts, positive=True)
+    restarts = positive_int("restarts", restarts)
     metric = _metric_value(metric)
     geometry = _setup(
         model, loss_fn, symmetries, metric, perturbation, norm, warn_missing=_measure != "adaptive"
@@ -701,7 +606,7 @@ def average_sharpness(
     symmetries: str | ParameterGeometry | None = "auto",
     n_samples: int = 100,
     seed: int = 0,
-    eps: float = 0.0,
+    eps: float | None = None,
     progress: bool = True,
 ) -> SharpnessResult:
     """Average-case sharpness ``mean_S E_ξ L_S(γ_ξ(1)) - L_S(x)`` over ``||ξ||_x = ρ``.

@@ -187,7 +187,7 @@ def autodiff_christoffel(metric_matrix, x: torch.Tensor, u: torch.Tensor) -> tor
 
 
 def gl_metric_matrix(n: int, h: int, metric: str, eps: float = 0.0):
-    """Dense flattened GL(h) metric (DESIGN.md §2) for a row-major flattened ``[G; H]``.
+    """Dense flattened GL(h) metric for a row-major flattened ``[G; H]``.
 
     ``tr(W η_Gᵀ ζ_G) = Σ_i η_{G,i} W ζ_{G,i}ᵀ`` over rows, so the G block is ``I_n ⊗ W``.
     """

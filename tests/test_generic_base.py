@@ -85,7 +85,7 @@ def check_properties(m, x, u, v, g, omega) -> None:
         assert rel(path.inner(gx, gu, gv), path.inner(x, u, v)) < 1e-9
         # horizontality: <proj u, V ω>_x = 0, and idempotence
         pu = path.proju(x, u)
-        vert = m.vertical(x, omega)
+        vert = m.vertical(m.at(x), omega)
         scale = path.norm(x, u) * path.norm(x, vert) + 1e-300
         assert (path.inner(x, pu, vert).abs() / scale).max() < 1e-9
         assert (path.norm(x, path.proju(x, pu) - pu) / path.norm(x, u)).max() < 1e-9
@@ -197,8 +197,9 @@ def test_interpolated_metric_inv_is_the_inverse():
     u = torch.randn(x.shape, generator=gen, dtype=DT)
     for s in (0.0, 0.3, 1.0):
         m = InterpolatedGLQuotient(5, s)
-        assert rel(m.metric(x, m.metric_inv(x, u)), u) < 1e-12
-        assert rel(m.metric_inv(x, u), m.generic().metric_inv(x, u)) < RTOL
+        p = m.at(x)
+        assert rel(m.metric(p, m.metric_inv(p, u)), u) < 1e-12
+        assert rel(m.metric_inv(p, u), m.generic().metric_inv(p, u)) < RTOL
 
 
 def test_interpolated_rejects_bad_arguments():
@@ -212,9 +213,9 @@ def test_interpolated_rejects_bad_arguments():
 
 # ---------------------------------------------------------------- user subclasses
 PRIMITIVES = {
-    "lie_shape": lambda self, x: (),
-    "vertical": lambda self, x, omega: omega[..., None] * x,
-    "metric": lambda self, x, u: u,
+    "lie_shape": lambda self, p: (),
+    "vertical": lambda self, p, omega: omega[..., None] * p.x,
+    "metric": lambda self, p, u: u,
 }
 
 
@@ -244,3 +245,6 @@ def test_example_script_runs():
     assert lines[0].startswith("step   0") and "rescaled" in lines[-1]
     riemann = [float(line.rsplit(" ", 1)[-1]) for line in lines[-2:]]
     assert riemann[0] == pytest.approx(riemann[1], rel=1e-6)
+    sharp = [float(line.rsplit(" ", 1)[-1]) for line in lines if "geodesic sharpness" in line]
+    assert len(sharp) == 2 and sharp[0] > 0
+    assert sharp[0] == pytest.approx(sharp[1], rel=1e-4)  # measured on the model, orbit-invariant

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 from unittest import mock
 
@@ -13,22 +14,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from quotientgeo.geometry import Block, ParameterGeometry, Source, find_symmetries
+from quotientgeo.geometry import ParameterGeometry, Source, find_symmetries
+from quotientgeo.geometry.plan import build_plan
+from quotientgeo.manifolds import GLQuotient, RescaleQuotient
+from quotientgeo.testing import move_along_orbits_
 
 DT = torch.float64
 
 
 def random_group_elements(geometry, scale=1.0, seed=0):
-    """One random invertible ``A`` (GL) or ``α`` (re-scaling) per block entry."""
+    """``manifold.random_group`` per kind: ``A = scale·N`` (GL), ``α = scale·exp(ω)``."""
     g = torch.Generator().manual_seed(seed)
-    out = []
-    for kind in geometry.kinds:
-        if kind.type == "gl":
-            h = kind.shape[1]
-            out.append(scale * torch.randn(kind.batch, h, h, generator=g, dtype=DT))
-        else:
-            out.append(scale * (1 + torch.rand(kind.batch, kind.shape[1], generator=g, dtype=DT)))
-    return out
+    points, _ = geometry.gather()
+    return [
+        m.random_group(x, generator=g, scale=scale)
+        for m, x in zip(geometry.manifolds(), points, strict=True)
+    ]
 
 
 def act_through_geometry(model, geometry, group_elements, metric="mix"):
@@ -41,6 +42,10 @@ def act_through_geometry(model, geometry, group_elements, metric="mix"):
     geometry.assign_(moved)
 
 
+def is_gl(kind):
+    return isinstance(kind.manifold, GLQuotient)
+
+
 def assert_roundtrip_exact(geometry):
     points, w = geometry.gather()
     out = geometry.scatter(points, w)
@@ -48,13 +53,14 @@ def assert_roundtrip_exact(geometry):
     for name, p in geometry.params.items():
         assert out[name].dtype == p.dtype and out[name].shape == p.shape
         assert torch.equal(out[name], p), name
-    if geometry._batched is not None:  # the layer-batched and the per-block paths agree
-        batched, geometry._batched = geometry._batched, None
+    if geometry.plan.stacks is not None:  # the layer-batched and the per-block paths agree
+        plan = geometry.plan
         try:
             moved = [x + torch.randn_like(x) for x in points]
+            geometry._plan = dataclasses.replace(plan, stacks=None)
             per_block = geometry.scatter(moved, w)
         finally:
-            geometry._batched = batched
+            geometry._plan = plan
         for name, value in geometry.scatter(moved, w).items():
             assert torch.equal(value, per_block[name]), name
 
@@ -71,7 +77,7 @@ def encoder(d=32, heads=4, layers=2, seed=0, **kw):
 def test_transformer_encoder_mapping_and_summary():
     model = encoder()
     geometry = find_symmetries(model)
-    assert [k.type for k in geometry.kinds] == ["gl", "gl"]
+    assert all(is_gl(k) for k in geometry.kinds) and len(geometry.kinds) == 2
     # QK: G = [W_q_iᵀ; b_q_i] (33×8), H the same for keys; VO: H = out_proj columns (32×8)
     assert [k.shape for k in geometry.kinds] == [(66, 8), (65, 8)]
     assert [k.batch for k in geometry.kinds] == [8, 8]  # 2 layers × 4 heads, batched
@@ -79,12 +85,11 @@ def test_transformer_encoder_mapping_and_summary():
     assert "layers.0.self_attn.out_proj.bias" in geometry.adaptive_names
     assert "layers.1.linear1.weight" in geometry.adaptive_names
     assert geometry.n_symmetric + geometry.n_adaptive == sum(p.numel() for p in model.parameters())
-    assert geometry._batched is not None  # scatter runs once per kind, not once per layer
+    assert geometry.plan.stacks is not None  # scatter runs once per kind, not once per layer
     text = repr(geometry)
     for needle in (
-        "GL(8) pairs",
-        "G 33×8, H 33×8",
-        "(8, 66, 8)",
+        "GLQuotient(n=33, metric='mix', eps=0.0)",
+        "point (8, 66, 8)",
         "layers.0.self_attn.QK",
         "adaptive:",
     ):
@@ -294,7 +299,7 @@ def test_lora_pairs(cls):
         if p.requires_grad:
             nn.init.normal_(p)
     geometry = find_symmetries(model)
-    assert len(geometry.blocks) == 1 and geometry.kinds[0].type == "gl"
+    assert len(geometry.blocks) == 1 and is_gl(geometry.kinds[0])
     assert geometry.n_adaptive == 0  # the frozen base layer is not measured
     assert_roundtrip_exact(geometry)
     x = torch.randn(4, model[0].lora_A["default"].in_features if cls is LoraLinear else 6, dtype=DT)
@@ -318,10 +323,16 @@ class Diagonal(nn.Module):
 def test_explicit_rescale_pair():
     model = Diagonal()
     geometry = ParameterGeometry(model).add_rescale_pair("u", "v", label="diag")
-    assert geometry.kinds[0].type == "rescale" and geometry.kinds[0].shape == (2, 5)
+    kind = geometry.kinds[0]
+    assert isinstance(kind.manifold, RescaleQuotient) and kind.shape == (2, 5) and kind.batch == 1
     assert geometry.adaptive_names == ["extra"]
     points, _ = geometry.gather()
     torch.testing.assert_close(points[0][0], torch.stack([model.u, model.v]).detach())
+    assert_roundtrip_exact(geometry)
+    X = torch.randn(3, 5, dtype=DT)
+    before = model(X)
+    move_along_orbits_(geometry, scale=-2.0)  # α = -2·exp(ω): the re-scaling group is GL(1)^d
+    torch.testing.assert_close(model(X), before, rtol=1e-12, atol=1e-12)
     assert_roundtrip_exact(geometry)
     X = torch.randn(3, 5, dtype=DT)
     before = model(X)
@@ -416,17 +427,20 @@ def test_scatter_is_differentiable_and_does_not_touch_the_model():
 
 # ---------------------------------------------------------------------- cost of declaring blocks
 def _count_planning(build_model):
-    """``(_build calls, _resolve calls, geometry)`` of ``find_symmetries(build_model())``."""
+    """``(plans built, sources resolved, geometry)`` of ``find_symmetries(build_model())``,
+    its summary included."""
+    from quotientgeo.geometry import layout, parameters
+
     model = build_model()
     with (
+        mock.patch.object(parameters, "build_plan", side_effect=build_plan) as build,
         mock.patch.object(
-            ParameterGeometry, "_build", autospec=True, side_effect=ParameterGeometry._build
-        ) as build,
-        mock.patch.object(
-            ParameterGeometry, "_resolve", autospec=True, side_effect=ParameterGeometry._resolve
+            layout.Layout, "resolve", autospec=True, side_effect=layout.Layout.resolve
         ) as resolve,
     ):
         geometry = find_symmetries(model)
+        geometry.summary()
+        geometry.gather()
     return build.call_count, resolve.call_count, geometry
 
 
@@ -443,16 +457,22 @@ def test_discovery_plans_once_whatever_the_number_of_blocks():
 def test_discovery_and_explicit_declarations_build_the_same_geometry():
     model = encoder(d=8, heads=2, layers=3)
     found = find_symmetries(model)
-    at_once = ParameterGeometry(model, found.blocks)
-    one_by_one = ParameterGeometry(model)
+    with_add = ParameterGeometry(model)
+    with_pairs = ParameterGeometry(model)
     for b in found.blocks:
-        one_by_one.add_gl_pair(list(b.g), list(b.h), heads=b.heads, label=b.label)
-    for other in (at_once, one_by_one):
-        assert other.blocks == found.blocks
-        assert [(k.type, k.shape, k.n, k.blocks, k.sizes) for k in other.kinds] == [
-            (k.type, k.shape, k.n, k.blocks, k.sizes) for k in found.kinds
-        ]
-        assert other._assembly == found._assembly and other._batched == found._batched
+        with_add.add(GLQuotient(b.manifold.n, "mix"), *b.factors, heads=b.heads, label=b.label)
+        with_pairs.add_gl_pair(*b.factors, heads=b.heads, label=b.label)
+
+    def blocks(geometry):
+        return [(b.label, b.factors, b.regions, b.heads) for b in geometry.blocks]
+
+    def kinds(geometry):
+        return [(k.manifold.geometry_key(), k.shape, k.blocks, k.sizes) for k in geometry.kinds]
+
+    for other in (with_add, with_pairs):
+        assert blocks(other) == blocks(found) and kinds(other) == kinds(found)
+        assert other.plan.assembly == found.plan.assembly
+        assert other.plan.stacks == found.plan.stacks
         assert other.adaptive_names == found.adaptive_names and other.summary() == found.summary()
         for a, b in zip(
             other.gather()[0] + [other.gather()[1]],
@@ -496,18 +516,20 @@ def test_rejected_declaration_leaves_coverage_and_views_untouched():
         Source("fc2.weight", axis=1, cols=(2, 6)),
         heads=4,
     )
-    assert geometry.adaptive_names == ["fc2.bias"] and not geometry._partial
+    assert geometry.adaptive_names == ["fc2.bias"] and not geometry.partial_names
     assert geometry.n_adaptive == 3 and geometry.kinds[0].batch == 6
     # fc2.bias in its own (3, 1) view: the rejected (1, 3) view is forgotten
     geometry.add_rescale_pair(Source("fc2.bias", rows=(0, 1)), Source("fc2.bias", rows=(1, 2)))
-    assert list(geometry._partial) == ["fc2.bias"] and geometry.n_adaptive == 1
+    assert geometry.partial_names == ["fc2.bias"] and geometry.n_adaptive == 1
     assert_roundtrip_exact(geometry)
-    # the constructor rejects the same way, naming the offending block
-    bad = Block(
-        "gl", (Source("fc1.weight", rows=(0, 2)),), (Source("fc1.weight", rows=(1, 3)),), 1, "clash"
-    )
+    # add rejects the same way, naming the offending block
     with pytest.raises(ValueError, match=r"clash: rows \(1, 3\), .* already belong"):
-        ParameterGeometry(model, [bad])
+        ParameterGeometry(model).add(
+            GLQuotient(2),
+            Source("fc1.weight", rows=(0, 2)),
+            Source("fc1.weight", rows=(1, 3)),
+            label="clash",
+        )
 
 
 def test_partly_covered_parameters_copy_no_mask_per_call(monkeypatch):
@@ -517,8 +539,8 @@ def test_partly_covered_parameters_copy_no_mask_per_call(monkeypatch):
     geometry = ParameterGeometry(model).add_gl_pair(
         Source("fc1.weight", rows=(0, 4)), Source("fc2.weight", axis=1, cols=(0, 4)), heads=4
     )
-    assert set(geometry._partial) == {"fc1.weight", "fc2.weight"}
-    for name, mask in geometry._partial.items():
+    assert set(geometry.partial_names) == {"fc1.weight", "fc2.weight"}
+    for name, mask in geometry.plan.partial.items():
         assert mask.device == geometry.params[name].device
     moved_masks = []
     original_to = torch.Tensor.to

@@ -145,7 +145,7 @@ def test_proju_orthogonal_to_vertical_and_idempotent(case):
     m, x, u = case.manifold, case.x, case.u
     g = gen(case.seed + 1)
     omega = torch.randn(*case.batch, case.h, case.h, generator=g, dtype=torch.float64)
-    vert = m.vertical(x, omega.to(case.dtype))
+    vert = m.vertical(m.at(x), omega.to(case.dtype))
     pu = m.proju(x, u)
     cos = m.inner(x, pu, vert).double().abs() / (m.norm(x, pu) * m.norm(x, vert)).double()
     k = conditioned_tol(m, x)
@@ -158,7 +158,7 @@ def test_proju_orthogonal_to_vertical_and_idempotent(case):
 
 @given(gl_cases())
 def test_proju_satisfies_horizontal_equations(case):
-    """inv: ``ξ_Gᵀ G Q = P Hᵀ ξ_H``; mix: ``Gᵀ ξ_G Q = P ξ_Hᵀ H`` (DESIGN.md §2)."""
+    """inv: ``ξ_Gᵀ G Q = P Hᵀ ξ_H``; mix: ``Gᵀ ξ_G Q = P ξ_Hᵀ H``."""
     m = case.manifold
     pu = m.proju(case.x, case.u).double()
     G, H = m.split(case.x.double())
@@ -456,7 +456,6 @@ def test_cached_point_identical(method, case):
     expected = getattr(m, method)(x, u)
     for _ in range(2):
         assert torch.equal(getattr(m, method)(p, u), expected)
-        assert torch.equal(getattr(p, method)(u), expected)
     assert m.at(p) is p
 
 
@@ -487,7 +486,7 @@ def test_check_point_and_vector_through_geoopt(metric):
     u = torch.randn(x.shape, generator=g, dtype=torch.float64)
     assert m.check_vector_on_tangent(x, m.proju(x, u))
     omega = torch.randn(2, 3, 3, generator=g, dtype=torch.float64)
-    ok, reason = m.check_vector_on_tangent(x, m.vertical(x, omega), explain=True)
+    ok, reason = m.check_vector_on_tangent(x, m.vertical(m.at(x), omega), explain=True)
     assert not ok and "horizontal" in reason
     with pytest.raises(ValueError):
         m.assert_check_vector_on_tangent(x, u)

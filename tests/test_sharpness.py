@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import copy
+import functools
 import itertools
 import json
 import math
@@ -12,29 +12,28 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import tiny_bert
 from scipy.optimize import brentq
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
 import quotientgeo.sharpness as sharpness_module
-from quotientgeo.geometry import ParameterGeometry, find_symmetries
+from quotientgeo.geometry import ParameterGeometry
 from quotientgeo.manifolds import (
     AdaptiveGeometry,
     GLQuotient,
     InterpolatedGLQuotient,
     RescaleQuotient,
+    ScaleQuotient,
 )
 from quotientgeo.sharpness import (
     SharpnessResult,
-    _AdaptiveBlock,
     _checkpoints,
-    _isotropic,
     adaptive_sharpness,
     average_sharpness,
     geodesic_sharpness,
 )
+from quotientgeo.testing import TinyTransformerClassifier, cross_entropy, moved_along_orbits
 
 pytestmark = pytest.mark.filterwarnings("ignore:no parameter symmetry detected:UserWarning")
 
@@ -43,22 +42,8 @@ SCALES = (1e-2, 1e-1, 1.0, 10.0, 100.0)
 
 
 def reparametrise(model, scale, seed=0):
-    """Copy of ``model`` with every head's QK and VO pair acted on by ``A = scale·N``.
-
-    The action is applied through the geometry: ``GLQuotient.act`` on the gathered points,
-    scattered back.
-    """
-    model = copy.deepcopy(model)
-    geometry = find_symmetries(model)
-    gen = torch.Generator().manual_seed(seed)
-    points, _ = geometry.gather()
-    moved = []
-    for kind, manifold, x in zip(geometry.kinds, geometry.manifolds(), points, strict=True):
-        h = kind.shape[1]
-        A = scale * torch.randn(kind.batch, h, h, generator=gen, dtype=x.dtype)
-        moved.append(manifold.act(x, A))
-    geometry.assign_(moved)
-    return model
+    """Copy of ``model`` with every head's QK and VO pair acted on by ``A = scale·N``."""
+    return moved_along_orbits(model, scale=scale, seed=seed)
 
 
 def relative_change(a, b):
@@ -66,22 +51,8 @@ def relative_change(a, b):
 
 
 # ---------------------------------------------------------------------- 1. invariance
-class Classifier(nn.Module):
-    def __init__(self, d=32, heads=4, layers=2, classes=3):
-        super().__init__()
-        layer = nn.TransformerEncoderLayer(
-            d, heads, dim_feedforward=2 * d, dropout=0.1, batch_first=True
-        )
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.head = nn.Linear(d, classes)
-
-    def forward(self, x):
-        return self.head(self.encoder(x).mean(dim=1))
-
-
-def classification_loss(model, batch):
-    x, y = batch
-    return F.cross_entropy(model(x), y)
+Classifier = functools.partial(TinyTransformerClassifier, dropout=0.1)
+classification_loss = cross_entropy
 
 
 @pytest.fixture(scope="module")
@@ -273,31 +244,43 @@ def test_adaptive_sharpness_definition_on_a_linear_loss():
     assert result.value == pytest.approx(expected, rel=1e-10)
 
 
-def test_adaptive_block_matches_adaptive_geometry():
-    """The engine's whitened adaptive block is AdaptiveGeometry in other coordinates."""
+def test_adaptive_rest_geometry_closed_forms():
+    """The adaptive rest's manifold: ball ``||ξ / ŵ||²``, gradient ``∇ ŵ²``, straight lines."""
     w = torch.tensor([0.5, -2.0, 0.0, 3.0], dtype=DT)
     geom = AdaptiveGeometry()
-    block = _AdaptiveBlock(w, geom.floor)
+    w_hat = torch.tensor([0.5, 2.0, geom.floor, 3.0], dtype=DT)
     xi = torch.tensor([0.1, 0.2, 1e-13, -0.3], dtype=DT)
     grad = torch.tensor([1.0, -1.0, 2.0, 0.5], dtype=DT)
-    c = xi / block.s
-    torch.testing.assert_close(block.sqnorm(c), geom.inner(w, xi))
-    torch.testing.assert_close(
-        block.ambient(block.rgrad(grad * block.s)), geom.egrad2rgrad(w, grad)
-    )
-    torch.testing.assert_close(block.move(c), geom.retr(w, xi))
+    torch.testing.assert_close(geom.inner(w, xi), ((xi / w_hat) ** 2).sum())
+    torch.testing.assert_close(geom.egrad2rgrad(w, grad), grad * w_hat**2)
+    torch.testing.assert_close(geom.retr(w, xi), w + xi)
+    torch.testing.assert_close(geom.isotropic(geom.at(w), grad), grad * w_hat)
+
+
+def _isotropy_cases(metric):
+    return [
+        (GLQuotient(5, metric), (3, 9, 2)),
+        (RescaleQuotient(metric), (2, 2, 4)),
+        (ScaleQuotient(2), (3, 4, 2)),
+        (ScaleQuotient(1), (3, 4)),
+        (AdaptiveGeometry(), (2, 5)),
+    ]
 
 
 @pytest.mark.parametrize("metric", ["mix", "inv"])
 def test_random_directions_are_standard_gaussians_of_the_metric(metric):
-    """``<T e, T e'>_x = e·e'``: isotropic, hence equivariant in distribution."""
+    """``<T e, T e'>_x = e·e'``: isotropic, hence equivariant in distribution; the closed
+    forms and the base class's dense derivation agree on it."""
     gen = torch.Generator().manual_seed(0)
-    cases = [(GLQuotient(5, metric), (3, 9, 2)), (RescaleQuotient(metric), (2, 2, 4))]
-    for manifold, shape in cases:
-        pt = manifold.at(manifold.random(*shape, dtype=DT) + 0.5)
-        e1, e2 = (torch.randn(shape, generator=gen, dtype=DT) for _ in range(2))
-        inner = manifold.inner(pt, _isotropic(manifold, pt, e1), _isotropic(manifold, pt, e2))
-        torch.testing.assert_close(inner, (e1 * e2).sum(dim=(-1, -2)))
+    for manifold, shape in _isotropy_cases(metric):
+        for path in (manifold, manifold.generic()):
+            pt = path.at(manifold.random(*shape, dtype=DT) + 0.5)
+            e1, e2 = (torch.randn(shape, generator=gen, dtype=DT) for _ in range(2))
+            inner = path.inner(pt, path.isotropic(pt, e1), path.isotropic(pt, e2))
+            want = (e1 * e2).sum(dim=tuple(range(-manifold.ndim, 0)))
+            torch.testing.assert_close(inner, want)
+            xi = path.random_tangent(pt, generator=gen)
+            torch.testing.assert_close(path.proju(pt, xi), xi)  # horizontal
 
 
 def test_random_directions_isotropic_for_the_interpolated_metric():
@@ -305,7 +288,7 @@ def test_random_directions_isotropic_for_the_interpolated_metric():
     manifold = InterpolatedGLQuotient(5, 0.3)
     pt = manifold.at(manifold.random(3, 9, 2, dtype=DT))
     e1, e2 = (torch.randn(3, 9, 2, generator=gen, dtype=DT) for _ in range(2))
-    inner = manifold.inner(pt, _isotropic(manifold, pt, e1), _isotropic(manifold, pt, e2))
+    inner = manifold.inner(pt, manifold.isotropic(pt, e1), manifold.isotropic(pt, e2))
     torch.testing.assert_close(inner, (e1 * e2).sum(dim=(-1, -2)))
 
 
@@ -661,7 +644,7 @@ def test_result_to_dict_is_json():
     data = json.loads(json.dumps(result.to_dict()))
     assert data["value"] == result.value and data["settings"]["metric"] == "mix"
     assert len(data["trace"][0][0]) == 4  # the base point and 3 iterates
-    assert "GL(4) pairs" in data["settings"]["geometry"]
+    assert "GLQuotient(n=9, metric='mix', eps=0.0)" in data["settings"]["geometry"]
     assert "value=" in repr(result)
 
 

@@ -5,14 +5,14 @@ Run from the repository root: ``python docs/figures/make_sharpness_invariance.py
 
 A 2-layer ``nn.TransformerEncoder`` classifier (d = 32, 4 heads, float64) is re-parametrised
 by ``A = a·N`` on every head's QK and VO pair (``N`` Gaussian, a new draw per ``a``), applied
-through the geometry (``GLQuotient.act`` on the gathered points, scattered back). The network
+through the geometry (``quotientgeo.testing.moved_along_orbits``: ``manifold.act`` on the
+gathered points, scattered back). The network
 function is unchanged; geodesic sharpness (both metrics) stays put while adaptive sharpness
 moves.
 """
 
 from __future__ import annotations
 
-import copy
 import sys
 from pathlib import Path
 
@@ -21,58 +21,19 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from quotientgeo.geometry import find_symmetries
 from quotientgeo.sharpness import adaptive_sharpness, geodesic_sharpness
+from quotientgeo.testing import TinyTransformerClassifier, moved_along_orbits, random_batches
+from quotientgeo.testing import cross_entropy as loss_fn
 
 OUT = Path(__file__).with_name("sharpness_invariance.png")
 SCALES = [10.0**e for e in (-2, -1.5, -1, -0.5, 0, 0.5, 1, 1.5, 2)]
 
 
-class Classifier(nn.Module):
-    def __init__(self, d=32, heads=4, layers=2, classes=3):
-        super().__init__()
-        layer = nn.TransformerEncoderLayer(d, heads, 2 * d, dropout=0.0, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.head = nn.Linear(d, classes)
-
-    def forward(self, x):
-        return self.head(self.encoder(x).mean(dim=1))
-
-
-def loss_fn(model, batch):
-    x, y = batch
-    return F.cross_entropy(model(x), y)
-
-
-def reparametrise(model, scale, seed):
-    model = copy.deepcopy(model)
-    geometry = find_symmetries(model)
-    gen = torch.Generator().manual_seed(seed)
-    points, _ = geometry.gather()
-    moved = []
-    for kind, manifold, x in zip(geometry.kinds, geometry.manifolds(), points, strict=True):
-        h = kind.shape[1]
-        moved.append(
-            manifold.act(x, scale * torch.randn(kind.batch, h, h, generator=gen, dtype=x.dtype))
-        )
-    geometry.assign_(moved)
-    return model
-
-
 def main() -> int:
     torch.manual_seed(0)
-    model = Classifier().double().eval()
-    gen = torch.Generator().manual_seed(1)
-    batches = [
-        (
-            torch.randn(16, 8, 32, generator=gen, dtype=torch.float64),
-            torch.randint(0, 3, (16,), generator=gen),
-        )
-        for _ in range(2)
-    ]
+    model = TinyTransformerClassifier().double().eval()
+    batches = random_batches(2, batch=16, seq=8, d=32, seed=1)
     measures = {
         "geodesic (mix)": lambda m: geodesic_sharpness(
             m, loss_fn, batches, rho=0.05, metric="mix", n_iter=20, progress=False
@@ -87,7 +48,7 @@ def main() -> int:
     reference = {name: f(model).value for name, f in measures.items()}
     values = {name: [] for name in measures}
     for i, scale in enumerate(SCALES):
-        moved = reparametrise(model, scale, seed=100 + i)
+        moved = moved_along_orbits(model, scale=scale, seed=100 + i)
         with torch.no_grad():
             out_change = float((moved(batches[0][0]) - model(batches[0][0])).abs().max())
         for name, f in measures.items():

@@ -11,7 +11,6 @@ adaptive sharpness and geodesic sharpness (inv, mix).
 from __future__ import annotations
 
 import argparse
-import copy
 import time
 
 import torch
@@ -28,19 +27,9 @@ MEASURES = {
 
 def reparametrize(model, a: float, seed: int):
     """A copy of ``model`` with every head's GL pair acted on by ``A = a·N``."""
-    from quotientgeo.geometry import find_symmetries
+    from quotientgeo.testing import moved_along_orbits
 
-    model = copy.deepcopy(model)
-    geometry = find_symmetries(model, warn=False)
-    points, w = geometry.gather()
-    gen = torch.Generator().manual_seed(seed)
-    moved = []
-    for kind, x, m in zip(geometry.kinds, points, geometry.manifolds(), strict=True):
-        h = kind.shape[1]
-        N = torch.randn(x.shape[0], h, h, generator=gen, dtype=x.dtype)
-        moved.append(m.act(x, a * N))
-    geometry.assign_(moved, w)
-    return model
+    return moved_along_orbits(model, scale=a, seed=seed)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

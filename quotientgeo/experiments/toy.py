@@ -53,9 +53,9 @@ def quantities(theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, metric: st
         for j in range(2)
     ]
     pt = m.at(theta)
-    rgrad = pt.egrad2rgrad(g.detach())
-    e = pt.proju(theta)  # horizontal direction b·(θ₁, θ₂), b = 1
-    e = e / pt.norm(e)[..., None, None]
+    rgrad = m.egrad2rgrad(pt, g.detach())
+    e = m.proju(pt, theta)  # horizontal direction b·(θ₁, θ₂), b = 1
+    e = e / m.norm(pt, e)[..., None, None]
 
     def along(t: float) -> torch.Tensor:
         return loss(m.expmap(theta, t * e), x, y)
@@ -64,7 +64,7 @@ def quantities(theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, metric: st
     return {
         "loss": f.detach(),
         "euclidean_grad_norm": g.detach().flatten(-2).norm(dim=-1),
-        "riemannian_grad_norm": pt.norm(rgrad),
+        "riemannian_grad_norm": m.norm(pt, rgrad),
         "euclidean_hessian_trace": (diag[0] + diag[1]).detach(),
         "riemannian_hessian_trace": rhess,
     }

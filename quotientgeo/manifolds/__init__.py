@@ -2,18 +2,21 @@
 
 from .adaptive import AdaptiveGeometry
 from .base import AtPoint, GenericPath, QuotientManifold
-from .gl import GLQuotient
-from .interpolated import InterpolatedGLQuotient
-from .rescale import RescaleQuotient
+from .gl import GLInvQuotient, GLMixQuotient, GLQuotient, InterpolatedGLQuotient
+from .rescale import RescaleInvQuotient, RescaleMixQuotient, RescaleQuotient
 from .scale import ScaleQuotient
 
 __all__ = [
     "AdaptiveGeometry",
     "AtPoint",
+    "GLInvQuotient",
+    "GLMixQuotient",
     "GLQuotient",
     "GenericPath",
     "InterpolatedGLQuotient",
     "QuotientManifold",
+    "RescaleInvQuotient",
+    "RescaleMixQuotient",
     "RescaleQuotient",
     "ScaleQuotient",
 ]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import QuotientManifold, as_tensor
+from ..validation import positive_real
+from .base import AtPoint, QuotientManifold
 
 Tensor = torch.Tensor
 
@@ -15,10 +16,11 @@ class AdaptiveGeometry(QuotientManifold):
     r"""Weights ``w`` (shape ``(..., d)``) with the metric ``<η, ζ>_w = Σ η ζ / ŵ²``.
 
     ``ŵ = max(|w|, floor)``: the norm ``||ξ ⊙ ŵ⁻¹||₂`` is the adaptive norm of adaptive
-    sharpness, the Riemannian gradient is ``∇ ⊙ ŵ²`` and the trivial group acts, so every vector
-    is horizontal. The floor keeps the metric finite at zero weights: a zero weight can move by
-    at most ``ρ · floor`` inside a ball of radius ``ρ`` (Andriushchenko et al. do not move it at
-    all). The default ``1e-12`` is far below any weight that matters in float32 or float64.
+    sharpness, the Riemannian gradient is ``∇ ⊙ ŵ²``, the isotropic map ``e ↦ ŵ e``, and the
+    trivial group acts, so every vector is horizontal. The floor keeps the metric finite at
+    zero weights: a zero weight can move by at most ``ρ · floor`` inside a ball of radius
+    ``ρ`` (Andriushchenko et al. do not move it at all). The default ``1e-12`` is far below
+    any weight that matters in float32 or float64.
 
     The metric is a product of one-dimensional metrics ``dw² / w²``, so
     ``Γ(ξ, η) = -ξ ⊙ η / w`` and the exact geodesic is ``w ⊙ exp(ξ / w)`` (away from the floor).
@@ -29,48 +31,53 @@ class AdaptiveGeometry(QuotientManifold):
     ndim = 1
 
     def __init__(self, floor: float = 1e-12):
-        if not floor > 0:
-            raise ValueError(f"floor must be > 0, got {floor!r}")
         super().__init__()
-        self.floor = float(floor)
+        self.floor = positive_real("floor", floor)
 
     def extra_repr(self) -> str:
         return f"floor={self.floor}"
 
-    def _scale(self, x) -> Tensor:
-        return as_tensor(x).abs().clamp_min(self.floor)
+    def scale(self, p: AtPoint) -> Tensor:
+        """``ŵ = max(|w|, floor)``, cached on ``p``."""
+        return p.cached("scale", lambda: p.x.abs().clamp_min(self.floor))
 
-    def lie_shape(self, x) -> tuple[int]:
+    def scale_squared(self, p: AtPoint) -> Tensor:
+        """``ŵ²``, cached on ``p``."""
+        return p.cached("scale_squared", lambda: self.scale(p).square())
+
+    def lie_shape(self, p: AtPoint) -> tuple[int]:
         return (0,)
 
-    def vertical(self, x, omega: Tensor) -> Tensor:
-        return torch.zeros_like(as_tensor(x))
+    def vertical(self, p: AtPoint, omega: Tensor) -> Tensor:
+        return torch.zeros_like(p.x)
 
-    def metric(self, x, u: Tensor) -> Tensor:
+    def metric(self, p: AtPoint, u: Tensor) -> Tensor:
         """``u / ŵ²``."""
-        return u / self._scale(x).square()
+        return u / self.scale_squared(p)
 
-    def metric_inv(self, x, v: Tensor) -> Tensor:
+    def metric_inv(self, p: AtPoint, v: Tensor) -> Tensor:
         """``v ⊙ ŵ²``."""
-        return v * self._scale(x).square()
+        return v * self.scale_squared(p)
 
-    def proju(self, x, u: Tensor) -> Tensor:
-        """Every vector is horizontal: the identity."""
-        self._check_vector(self.at(x), u)
-        return u
+    def isotropic(self, p: AtPoint, e: Tensor) -> Tensor:
+        """``ŵ e``."""
+        return e * self.scale(p)
 
-    def egrad2rgrad(self, x, u: Tensor) -> Tensor:
-        """``∇ ⊙ ŵ²``."""
-        return self.metric_inv(x, u)
+    def inner(self, x, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False) -> Tensor:
+        """``Σ u v / ŵ²``."""
+        p = self.at(x)
+        self._check_vector(p, u)
+        uv = u.square() if v is None else u * v
+        return self._reduce(uv.div_(self.scale_squared(p)), keepdim)
 
     def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
         """``-u ⊙ v / w`` (with ``|w|`` floored, sign kept)."""
-        x = as_tensor(x)
+        p = self.at(x)
         v = u if v is None else v
-        return -u * v * torch.sign(x) / self._scale(x)
+        return -u * v * torch.sign(p.x) / self.scale(p)
 
     def expmap(self, x, u: Tensor, *, steps: int | None = None) -> Tensor:
         """``w ⊙ exp(ξ / w)`` (``|w|`` floored, sign kept)."""
-        x = as_tensor(x)
-        w = torch.where(x < 0, -self._scale(x), self._scale(x))
+        p = self.at(x)
+        w = torch.where(p.x < 0, -self.scale(p), self.scale(p))
         return w * torch.exp(u / w)

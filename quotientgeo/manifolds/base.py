@@ -1,78 +1,74 @@
 r"""Generic quotient manifold :math:`\mathcal M / \mathcal G` from a group action and a metric.
 
-A subclass supplies three primitives, each batched over leading dimensions:
+A subclass supplies three primitives (``abc.abstractmethod``), each batched over leading
+dimensions and each receiving the base point ``p`` as an :class:`AtPoint` (its tensor is
+``p.x``; quantities that depend only on the point are stored with ``p.cached(key, compute)``):
 
-- ``lie_shape(x)``: the shape of a Lie-algebra element ``omega`` (dimension ``k = prod``);
-- ``vertical(x, omega)``: the infinitesimal action, a linear map ``omega ↦ V_x omega`` from
-  the Lie algebra to tangent vectors at ``x`` (its image is the vertical space);
-- ``metric(x, u)``: the metric as a linear operator ``u ↦ M(x) u``;
+- ``lie_shape(p)``: the shape of a Lie-algebra element ``ω`` (dimension ``k = prod``);
+- ``vertical(p, ω)``: the infinitesimal action, a linear map ``ω ↦ V_x ω`` from the Lie
+  algebra to tangent vectors at ``x`` (its image is the vertical space);
+- ``metric(p, u)``: the metric as a linear operator ``u ↦ M(x) u``;
 
-and optionally ``metric_inv(x, v)`` (otherwise conjugate gradients on ``metric``),
-``precondition(x, r)`` (an approximate inverse of ``V* M V`` for the iterative projection) and
-the finite action ``act(x, g)`` / ``push(x, u, g)``. Everything else is derived:
+and optionally ``metric_inv(p, v)`` (otherwise conjugate gradients on ``metric``),
+``isotropic(p, e)`` (otherwise a dense Cholesky factor of ``M(x)``), ``precondition(p, r)``
+(an approximate inverse of ``V* M V`` for the iterative projection) and the finite action
+``act(x, g)`` / ``push(x, u, g)``. Everything else is derived:
 
 - inner product ``<u, v>_x = Σ u ⊙ M(x) v`` over the point's trailing ``ndim`` dimensions;
 - horizontal projection ``proj(u) = u - V ω`` with ``(V* M V) ω = V* M u`` (``V*`` the
   Euclidean adjoint, obtained by a vector-Jacobian product). The ``k × k`` normal equations are
   formed densely for ``k ≤ dense_max`` and solved by conjugate gradients otherwise;
 - Riemannian gradient ``proj(M⁻¹ ∇)``;
+- random horizontal direction ``proj(T e)``, ``e ~ N(0, I)``, ``Tᵀ M T = I``: the standard
+  Gaussian of the metric, projected;
 - Christoffel contraction ``Γ(u, u) = M⁻¹ [DM(x)[u] u - ½ ∇ₓ(uᵀ M(x) u)]`` by forward- and
   reverse-mode autodiff, and ``Γ(u, v) = ¼ [Γ(u+v, u+v) - Γ(u-v, u-v)]`` by polarisation;
 - retraction ``x + u``, second-order exponential map ``x + u - ½ Γ(u, u)``, exact exponential
   map by RK4 on ``ẍ = -Γ(ẋ, ẋ)``, transport by horizontal projection at the new point.
 
 Subclasses with closed forms override the derived methods; :meth:`QuotientManifold.generic`
-returns a view that uses the derived (autodiff) path anyway, for testing the closed forms.
-
-Derived methods accept either a tensor ``x`` or a cached point ``m.at(x)``
-(:class:`AtPoint`), which computes everything that depends only on ``x`` once. Primitives
-receive plain tensors, unless the class sets ``point_aware = True``: then they receive the
-cached point (read the tensor with :func:`as_tensor`, store point-only quantities with
-``x.cached(key, compute)``), so a projection at a fixed point does not recompute them.
+returns the same quotient computed by the derived (autodiff) path anyway, for testing the
+closed forms. Every derived method accepts a tensor ``x`` or a cached point ``m.at(x)``, which
+computes everything that depends only on ``x`` once.
 """
 
 from __future__ import annotations
 
-import functools
+import abc
 import math
-import operator
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import torch
 from geoopt.manifolds.base import Manifold
 
 from ..linalg import cholesky, conjugate_gradient
+from ..validation import positive_int
 
 Tensor = torch.Tensor
 
-_REQUIRED = {
-    "lie_shape": "lie_shape(x) -> tuple, the shape of a Lie-algebra element",
-    "vertical": "vertical(x, omega) -> tangent vector, the infinitesimal action",
-    "metric": "metric(x, u) -> M(x) u, the metric as a linear operator",
-}
+__all__ = ["AtPoint", "GenericPath", "QuotientManifold"]
 
 
 class AtPoint:
-    """A base point with everything that depends only on it computed once.
+    """A base point ``x`` of ``manifold`` and a cache of quantities that depend only on ``x``.
 
-    ``m.at(x).proju(u)`` is ``m.proju(x, u)``, but Gram matrices, factorizations and bases are
-    computed on first use and reused by later calls. The point must not change in place while
-    an ``AtPoint`` of it is alive.
+    Plain data: ``x`` (the tensor), ``manifold`` (the owner, whose methods fill the cache) and
+    ``cache`` (a dict). The point must not change in place while an ``AtPoint`` of it is alive.
     """
 
-    __slots__ = ("_cache", "manifold", "x")
+    __slots__ = ("cache", "manifold", "x")
 
-    def __init__(self, manifold, x: Tensor):
+    def __init__(self, manifold: QuotientManifold, x: Tensor):
         self.manifold = manifold
         self.x = x
-        self._cache: dict[str, object] = {}
+        self.cache: dict[str, object] = {}
 
     def cached(self, key: str, compute: Callable[[], object]):
         """``compute()`` on first request of ``key``, the stored value afterwards."""
         try:
-            return self._cache[key]
+            return self.cache[key]
         except KeyError:
-            value = self._cache[key] = compute()
+            value = self.cache[key] = compute()
             return value
 
     @property
@@ -87,72 +83,60 @@ class AtPoint:
     def device(self) -> torch.device:
         return self.x.device
 
-    def __getattr__(self, name: str):
-        return functools.partial(getattr(self.manifold, name), self)
-
     def __repr__(self) -> str:
         return f"AtPoint({self.manifold!r}, shape={tuple(self.x.shape)})"
 
 
-def as_tensor(x) -> Tensor:
-    """The tensor of a point given as a tensor or an :class:`AtPoint`."""
-    return x.x if isinstance(x, AtPoint) else x
-
-
-def positive_int(value, name: str, meaning: str = "") -> int:
-    """``value`` as an ``int`` if it is a positive integer (numpy integers too; not ``bool``)."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        number = operator.index(value)
-    except TypeError:
-        number = 0
-    if number < 1:
-        meaning = f" ({meaning})" if meaning else ""
-        raise ValueError(f"{name} must be a positive integer{meaning}, got {value!r}")
-    return number
-
-
 class QuotientManifold(Manifold):
-    """Base class of quotient manifolds given by an action and a metric (see module doc)."""
+    """Base class of quotient manifolds given by an action and a metric (see module doc).
+
+    Args:
+        exp_steps: RK4 steps of the derived :meth:`expmap`.
+        dense_max: largest Lie-algebra dimension ``k`` for which :meth:`proju` forms the
+            normal equations densely (conjugate gradients above).
+    """
 
     name = "Quotient"
     ndim = 2
     reversible = False
-    point_aware = False  # primitives accept an AtPoint (see the module docstring)
 
     def __init__(self, *, exp_steps: int = 10, dense_max: int = 64):
         super().__init__()
-        missing = [
-            f"{name}: {contract}"
-            for name, contract in _REQUIRED.items()
-            if getattr(type(self), name) is getattr(QuotientManifold, name)
-        ]
-        if missing:
-            raise TypeError(
-                f"{type(self).__name__} must define the quotient primitive(s) " + "; ".join(missing)
-            )
-        self.exp_steps = positive_int(exp_steps, "exp_steps")
+        self.exp_steps = positive_int("exp_steps", exp_steps)
         self.dense_max = int(dense_max)
 
     # ------------------------------------------------------------------ primitives
-    def lie_shape(self, x: Tensor) -> tuple[int, ...]:
-        """Shape of a Lie-algebra element acting at ``x`` (without batch dimensions)."""
-        raise NotImplementedError
+    @abc.abstractmethod
+    def lie_shape(self, p: AtPoint) -> tuple[int, ...]:
+        """Shape of a Lie-algebra element acting at ``p`` (without batch dimensions)."""
 
-    def vertical(self, x: Tensor, omega: Tensor) -> Tensor:
-        """Vertical vector ``V_x omega`` generated by the Lie-algebra element ``omega``."""
-        raise NotImplementedError
+    @abc.abstractmethod
+    def vertical(self, p: AtPoint, omega: Tensor) -> Tensor:
+        """Vertical vector ``V_x ω`` generated by the Lie-algebra element ``ω``."""
 
-    def metric(self, x: Tensor, u: Tensor) -> Tensor:
+    @abc.abstractmethod
+    def metric(self, p: AtPoint, u: Tensor) -> Tensor:
         """``M(x) u``: the metric applied to a tangent vector (a linear map of ``u``)."""
-        raise NotImplementedError
 
-    def metric_inv(self, x: Tensor, v: Tensor) -> Tensor:
+    def metric_inv(self, p: AtPoint, v: Tensor) -> Tensor:
         """``M(x)⁻¹ v``; by default conjugate gradients on :meth:`metric`."""
-        return conjugate_gradient(lambda u: self.metric(x, u), v, event_dims=self.ndim)
+        return conjugate_gradient(lambda u: self.metric(p, u), v, event_dims=self.ndim)
 
-    def precondition(self, x: Tensor, r: Tensor) -> Tensor:
+    def isotropic(self, p: AtPoint, e: Tensor) -> Tensor:
+        """``T e`` with ``Tᵀ M(x) T = I``: maps ``e ~ N(0, I)`` to ``N(0, M(x)⁻¹)``.
+
+        By default ``T = L⁻ᵀ`` for the Cholesky factor ``M = L Lᵀ`` of the metric as a dense
+        ``D × D`` matrix per point (``D`` entries in a point): ``O(D³)``, so shipped manifolds
+        give closed forms.
+        """
+        L = p.cached("metric_cholesky", lambda: self._metric_cholesky(p))
+        event = p.x.shape[p.x.dim() - self.ndim :]
+        e = e.expand(torch.broadcast_shapes(e.shape, p.x.shape))
+        flat = e.reshape(*e.shape[: e.dim() - self.ndim], -1, 1)
+        xi = torch.linalg.solve_triangular(L.mT, flat, upper=True)
+        return xi.reshape(*e.shape[: e.dim() - self.ndim], *event)
+
+    def precondition(self, p: AtPoint, r: Tensor) -> Tensor:
         """Approximate inverse of the normal operator ``ω ↦ V* M V ω`` (default: identity).
 
         Only the iterative projection (``k > dense_max``) uses it; a good one saves most of
@@ -168,12 +152,40 @@ class QuotientManifold(Manifold):
         """Differential of the action on a tangent vector ``u`` at ``x``."""
         raise NotImplementedError(f"{type(self).__name__} defines no push(x, u, g)")
 
+    def random_group(
+        self, x, *, generator: torch.Generator | None = None, scale: float = 1.0
+    ) -> Tensor:
+        """A random group element ``g = scale · exp(ω)`` for :meth:`act` at ``x``, one per batch
+        entry, ``ω`` standard Gaussian in the Lie algebra.
+
+        ``exp`` is the matrix exponential for square Lie shapes ``(h, h)`` and the element-wise
+        exponential otherwise (scalings), so ``scale > 0`` keeps ``g`` in the identity
+        component. Override where :meth:`act` takes its group elements in another form.
+        """
+        p = self.at(x)
+        lie = self.lie_shape(p)
+        batch = p.x.shape[: p.x.dim() - self.ndim]
+        omega = torch.randn(*batch, *lie, generator=generator, dtype=p.x.dtype, device=p.x.device)
+        if len(lie) == 2 and lie[0] == lie[1]:
+            return torch.linalg.matrix_exp(omega).mul_(scale)
+        return omega.exp_().mul_(scale)
+
+    def with_metric(self, metric: str | float, *, eps: float | None = None) -> QuotientManifold:
+        """This quotient with the metric named by ``metric`` (sharpness's ``metric=`` switch).
+
+        A manifold whose metric is part of its definition (the default) returns itself;
+        the GL and re-scaling quotients return their ``"inv"`` / ``"mix"`` (/ interpolated)
+        variant.
+        """
+        return self
+
     # ------------------------------------------------------------------ points
     def at(self, x) -> AtPoint:
         """The point ``x`` with its point-only quantities cached (see :class:`AtPoint`)."""
-        if isinstance(x, AtPoint) and (x.manifold is self or x.manifold.generic_of is self):
-            return x
-        x = as_tensor(x)
+        if isinstance(x, AtPoint):
+            if x.manifold is self:
+                return x
+            x = x.x
         if not isinstance(x, Tensor):
             raise TypeError(f"a point must be a torch.Tensor, got {type(x).__name__}")
         if not x.dtype.is_floating_point:
@@ -205,31 +217,32 @@ class QuotientManifold(Manifold):
                 f"{tuple(p.x.shape)} (trailing dimensions must match)"
             )
 
-    @property
-    def generic_of(self) -> QuotientManifold | None:
-        """The manifold this is the generic view of (``None``: not a view)."""
-        return None
-
-    def _point(self, p: AtPoint):
-        """What the primitives receive: the cached point if ``point_aware``, else its tensor."""
-        return p if self.point_aware else p.x
-
     def _reduce(self, a: Tensor, keepdim: bool) -> Tensor:
         return a.sum(dim=tuple(range(-self.ndim, 0)), keepdim=keepdim)
 
+    def geometry_key(self) -> Hashable:
+        """Equal for manifolds of the same class and parameters (blocks on them batch together).
+
+        Built from the class, the ``repr`` (``extra_repr`` and sub-modules) and the public
+        attributes.
+        """
+        state = tuple(sorted((k, repr(v)) for k, v in vars(self).items() if k[0] != "_"))
+        return type(self), repr(self), state
+
     # ------------------------------------------------------------------ metric
-    def inner(self, x, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False) -> Tensor:
-        """``<u, v>_x = Σ u ⊙ M(x) v``."""
+    def _pair_at(self, x, u: Tensor, v: Tensor | None) -> tuple[AtPoint, Tensor]:
+        """The cached point and ``v`` (``u`` when ``None``), both vectors checked."""
         p = self.at(x)
         self._check_vector(p, u)
         if v is None:
-            v = u
-        else:
-            self._check_vector(p, v, "v")
-        return self._reduce(u * self.metric(self._point(p), v), keepdim)
+            return p, u
+        self._check_vector(p, v, "v")
+        return p, v
 
-    def component_inner(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
-        return self.inner(x, u, v, keepdim=True)
+    def inner(self, x, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False) -> Tensor:
+        """``<u, v>_x = Σ u ⊙ M(x) v``."""
+        p, v = self._pair_at(x, u, v)
+        return self._reduce(u * self.metric(p, v), keepdim)
 
     def norm(self, x, u: Tensor, *, keepdim: bool = False) -> Tensor:
         """``||u||_x = sqrt(<u, u>_x)``."""
@@ -240,7 +253,7 @@ class QuotientManifold(Manifold):
         """Horizontal projection ``u - V ω`` with ``(V* M V) ω = V* M u``."""
         p = self.at(x)
         self._check_vector(p, u)
-        k = math.prod(self.lie_shape(p.x))
+        k = math.prod(self.lie_shape(p))
         if k == 0:
             return u
         if k <= self.dense_max:
@@ -251,46 +264,59 @@ class QuotientManifold(Manifold):
             omega = torch.cholesky_solve(rhs.unsqueeze(-1), chol).squeeze(-1)
             shift = torch.einsum("...k,k...e->...e", omega, basis.flatten(event))
             return u - shift.reshape(u.shape)
-        x = self._point(p)
         adjoint = p.cached("vertical_adjoint", lambda: self._vertical_adjoint(p))
         omega = conjugate_gradient(
-            lambda w: adjoint(self.metric(x, self.vertical(x, w))),
-            adjoint(self.metric(x, u)),
-            event_dims=len(self.lie_shape(p.x)),
-            precondition=lambda r: self.precondition(x, r),
+            lambda w: adjoint(self.metric(p, self.vertical(p, w))),
+            adjoint(self.metric(p, u)),
+            event_dims=len(self.lie_shape(p)),
+            precondition=lambda r: self.precondition(p, r),
         )
-        return u - self.vertical(x, omega)
+        return u - self.vertical(p, omega)
 
-    def _lie_zeros(self, x: Tensor) -> Tensor:
-        batch = x.shape[: x.dim() - self.ndim]
-        return x.new_zeros(*batch, *self.lie_shape(x))
+    def _basis(self, p: AtPoint, shape: tuple[int, ...]) -> Tensor:
+        """The standard basis of tensors of ``shape``, as ``(k, *batch, *shape)`` (broadcast)."""
+        batch = p.x.shape[: p.x.dim() - self.ndim]
+        k = math.prod(shape)
+        eye = torch.eye(k, dtype=p.x.dtype, device=p.x.device)
+        return eye.reshape(k, *[1] * len(batch), *shape).expand(k, *batch, *shape)
 
     def _vertical_gram(self, p: AtPoint):
         """Vertical basis ``V e_i``, ``M V e_i`` and the Cholesky factor of ``V* M V``."""
-        lie = self.lie_shape(p.x)
-        batch = p.x.shape[: p.x.dim() - self.ndim]
-        x = self._point(p)
-        k = math.prod(lie)
-        eye = torch.eye(k, dtype=p.x.dtype, device=p.x.device)
-        omegas = eye.reshape(k, *[1] * len(batch), *lie).expand(k, *batch, *lie)
-        basis = torch.func.vmap(lambda w: self.vertical(x, w))(omegas)
-        m_basis = torch.func.vmap(lambda b: self.metric(x, b))(basis)
-        flat = (k, *batch, -1)
+        omegas = self._basis(p, self.lie_shape(p))
+        basis = torch.func.vmap(lambda w: self.vertical(p, w))(omegas)
+        m_basis = torch.func.vmap(lambda b: self.metric(p, b))(basis)
+        flat = (basis.shape[0], *p.x.shape[: p.x.dim() - self.ndim], -1)
         gram = torch.einsum("i...e,j...e->...ij", basis.reshape(flat), m_basis.reshape(flat))
         chol = cholesky(0.5 * (gram + gram.transpose(-1, -2)), "the vertical Gram matrix V*MV")
         return basis, m_basis, chol
 
+    def _metric_cholesky(self, p: AtPoint) -> Tensor:
+        """Cholesky factor of the metric as a dense matrix ``(*batch, D, D)``."""
+        basis = self._basis(p, p.x.shape[p.x.dim() - self.ndim :])
+        m_basis = torch.func.vmap(lambda b: self.metric(p, b))(basis)
+        flat = (basis.shape[0], *p.x.shape[: p.x.dim() - self.ndim], -1)
+        gram = torch.einsum("i...e,j...e->...ij", basis.reshape(flat), m_basis.reshape(flat))
+        return cholesky(0.5 * (gram + gram.transpose(-1, -2)), "the metric M(x)")
+
     def _vertical_adjoint(self, p: AtPoint):
         """The Euclidean adjoint ``w ↦ V* w`` of the (linear) vertical map, by a VJP."""
-        x = self._point(p)
-        _, adjoint_fn = torch.func.vjp(lambda w: self.vertical(x, w), self._lie_zeros(p.x))
+        batch = p.x.shape[: p.x.dim() - self.ndim]
+        zeros = p.x.new_zeros(*batch, *self.lie_shape(p))
+        _, adjoint_fn = torch.func.vjp(lambda w: self.vertical(p, w), zeros)
         return lambda w: adjoint_fn(w)[0]
 
     def egrad2rgrad(self, x, u: Tensor) -> Tensor:
         """Riemannian gradient ``proj(M⁻¹ ∇)`` from the Euclidean gradient ``∇``."""
         p = self.at(x)
         self._check_vector(p, u, "the gradient")
-        return self.proju(p, self.metric_inv(self._point(p), u))
+        return self.proju(p, self.metric_inv(p, u))
+
+    def random_tangent(self, x, *, generator: torch.Generator | None = None) -> Tensor:
+        """A random horizontal vector ``proj(T e)``, ``e ~ N(0, I)`` (see :meth:`isotropic`):
+        isotropic in the metric before the projection, so in the horizontal space too."""
+        p = self.at(x)
+        e = torch.randn(p.x.shape, generator=generator, dtype=p.x.dtype, device=p.x.device)
+        return self.proju(p, self.isotropic(p, e))
 
     # ------------------------------------------------------------------ geodesics
     def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
@@ -304,20 +330,21 @@ class QuotientManifold(Manifold):
         X, u = p.x.expand(shape).contiguous(), u.expand(shape).contiguous()
 
         def apply_metric(y: Tensor) -> Tensor:
-            return self.metric(y, u)
+            return self.metric(AtPoint(self, y), u)
 
         _, dM_u_u = torch.func.jvp(apply_metric, (X,), (u,))
         _, vjp_fn = torch.func.vjp(apply_metric, X)
         (grad_uMu,) = vjp_fn(u)
-        return self.metric_inv(self._point(p), dM_u_u - 0.5 * grad_uMu)
+        return self.metric_inv(p, dM_u_u - 0.5 * grad_uMu)
 
     def retr(self, x, u: Tensor) -> Tensor:
         """First-order retraction ``x + u``."""
-        return as_tensor(x) + u
+        return self.at(x).x + u
 
     def expmap2(self, x, u: Tensor) -> Tensor:
         """Second-order approximation of the exponential map ``x + u - ½ Γ(u, u)``."""
-        return as_tensor(x) + u - 0.5 * self.christoffel(x, u)
+        p = self.at(x)
+        return p.x + u - 0.5 * self.christoffel(p, u)
 
     def expmap(self, x, u: Tensor, *, steps: int | None = None) -> Tensor:
         """Exact exponential map: RK4 on ``ẍ = -Γ(ẋ, ẋ)`` over ``t ∈ [0, 1]``."""
@@ -325,17 +352,16 @@ class QuotientManifold(Manifold):
 
     def geodesic(self, x, u: Tensor, *, steps: int | None = None) -> tuple[Tensor, Tensor]:
         """End point and end velocity ``(γ(1), γ'(1))`` of the geodesic from ``(x, u)``, RK4."""
-        steps = self.exp_steps if steps is None else int(steps)
-        if steps < 1:
-            raise ValueError(f"steps must be a positive integer, got {steps}")
-        self._check_vector(self.at(x), u)
+        steps = self.exp_steps if steps is None else positive_int("steps", steps)
+        p = self.at(x)
+        self._check_vector(p, u)
         h = 1.0 / steps
-        y, v = as_tensor(x), u
+        y, v = p.x, u
 
-        def accel(y: Tensor, v: Tensor) -> Tensor:
+        def accel(y, v: Tensor) -> Tensor:
             return -self.christoffel(y, v)
 
-        acceleration = accel(y, v)  # at the start point: its errors are the point's own
+        acceleration = accel(p, v)  # at the start point: its errors are the point's own
         for step in range(steps):
             try:
                 k1y, k1v = v, acceleration if step == 0 else accel(y, v)
@@ -356,20 +382,6 @@ class QuotientManifold(Manifold):
     def transp(self, x, y: Tensor, v: Tensor) -> Tensor:
         """Vector transport by horizontal projection at the new point ``y``."""
         return self.proju(y, v)
-
-    def retr_transp(self, x, u: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        y = self.retr(x, u)
-        return y, self.transp(x, y, v)
-
-    def expmap_transp(self, x, u: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        y = self.expmap(x, u)
-        return y, self.transp(x, y, v)
-
-    def transp_follow_retr(self, x, u: Tensor, v: Tensor) -> Tensor:
-        return self.retr_transp(x, u, v)[1]
-
-    def transp_follow_expmap(self, x, u: Tensor, v: Tensor) -> Tensor:
-        return self.expmap_transp(x, u, v)[1]
 
     def projx(self, x: Tensor) -> Tensor:
         """Every admissible point represents itself: the identity."""
@@ -405,7 +417,7 @@ class QuotientManifold(Manifold):
 
     # ------------------------------------------------------------------ checks
     def _check_point_on_manifold(self, x, *, atol=1e-5, rtol=1e-5):
-        x = as_tensor(x)
+        x = x.x if isinstance(x, AtPoint) else x
         if not bool(torch.isfinite(x).all()):
             return False, "the point has non-finite entries"
         return True, None
@@ -420,48 +432,64 @@ class QuotientManifold(Manifold):
         return False, f"vector is not horizontal: max ||u - proj(u)|| = {gap.max().item():.3e}"
 
     # ------------------------------------------------------------------ generic path
-    def generic(self) -> GenericPath:
-        """This manifold computed through the generic (autodiff) path of the base class."""
-        return GenericPath(self)
+    def generic(self, *, metric_inv: bool = False) -> GenericPath:
+        """This quotient computed through the derived (autodiff) methods of the base class.
+
+        ``metric_inv=True`` keeps this manifold's own ``M⁻¹`` (otherwise conjugate gradients).
+        """
+        return GenericPath(self, metric_inv=metric_inv)
 
 
-_DERIVED = (
-    "at",
-    "inner",
-    "component_inner",
-    "norm",
-    "proju",
-    "egrad2rgrad",
-    "metric_inv",
-    "christoffel",
-    "retr",
-    "expmap2",
-    "expmap",
-    "geodesic",
-    "transp",
-    "_check_vector_on_tangent",
-)
+class GenericPath(QuotientManifold):
+    """The quotient of ``manifold`` with every derived method taken from the base class.
 
-
-class GenericPath:
-    """A view of a :class:`QuotientManifold` whose derived methods are the base-class ones.
-
-    Only the primitives (``lie_shape``, ``vertical``, ``metric``, the action) of the wrapped
-    manifold are used, so comparing ``m.generic().proju(x, u)`` with ``m.proju(x, u)`` checks
-    a closed form against an independent computation.
+    Only the primitives of ``manifold`` (``lie_shape``, ``vertical``, ``metric``, the action
+    and the point checks; ``metric_inv`` too with ``metric_inv=True``) are used, so comparing
+    ``m.generic().proju(x, u)`` with ``m.proju(x, u)`` checks a closed form against an
+    independent computation.
     """
 
-    def __init__(self, manifold: QuotientManifold):
-        self._manifold = manifold
+    def __init__(self, manifold: QuotientManifold, *, metric_inv: bool = False):
+        super().__init__(exp_steps=manifold.exp_steps, dense_max=manifold.dense_max)
+        self.manifold = manifold
+        self.ndim = manifold.ndim
+        self.name = f"generic {manifold.name}"
+        self.own_metric_inv = bool(metric_inv)
 
-    @property
-    def generic_of(self) -> QuotientManifold:
-        return self._manifold
+    def lie_shape(self, p: AtPoint) -> tuple[int, ...]:
+        return self.manifold.lie_shape(p)
 
-    def __getattr__(self, name: str):
-        if name in _DERIVED:
-            return getattr(QuotientManifold, name).__get__(self)
-        return getattr(self._manifold, name)
+    def vertical(self, p: AtPoint, omega: Tensor) -> Tensor:
+        return self.manifold.vertical(p, omega)
 
-    def __repr__(self) -> str:
-        return f"GenericPath({self._manifold!r})"
+    def metric(self, p: AtPoint, u: Tensor) -> Tensor:
+        return self.manifold.metric(p, u)
+
+    def metric_inv(self, p: AtPoint, v: Tensor) -> Tensor:
+        if self.own_metric_inv:
+            return self.manifold.metric_inv(p, v)
+        return super().metric_inv(p, v)
+
+    def act(self, x: Tensor, g: Tensor) -> Tensor:
+        return self.manifold.act(x, g)
+
+    def push(self, x: Tensor, u: Tensor, g: Tensor) -> Tensor:
+        return self.manifold.push(x, u, g)
+
+    def random_group(self, x, **kwargs) -> Tensor:
+        return self.manifold.random_group(x.x if isinstance(x, AtPoint) else x, **kwargs)
+
+    def _check_shape(self, shape, name):
+        return self.manifold._check_shape(shape, name)
+
+    def _check_free(self, x: Tensor) -> None:
+        self.manifold._check_free(x)
+
+    def _check_point_on_manifold(self, x, *, atol=1e-5, rtol=1e-5):
+        return self.manifold._check_point_on_manifold(x, atol=atol, rtol=rtol)
+
+    def random(self, *size, dtype=None, device=None, **kwargs) -> Tensor:
+        return self.manifold.random(*size, dtype=dtype, device=device, **kwargs)
+
+    def origin(self, *size, dtype=None, device=None, seed=42) -> Tensor:
+        return self.manifold.origin(*size, dtype=dtype, device=device, seed=seed)

@@ -6,7 +6,8 @@ import math
 
 import torch
 
-from .base import QuotientManifold, as_tensor, positive_int
+from ..validation import positive_int
+from .base import AtPoint, QuotientManifold
 
 Tensor = torch.Tensor
 
@@ -29,7 +30,7 @@ class ScaleQuotient(QuotientManifold):
       product metric ``dρ² + |dθ|²`` of a cylinder ``R × S^{d-1}``, and the quotient is the
       unit sphere with its round metric;
     - horizontal space ``<w, ξ> = 0``; projection ``ξ - (<w, ξ> / r²) w``;
-    - Riemannian gradient ``proj(r² ∇)``;
+    - Riemannian gradient ``proj(r² ∇)``; isotropic map ``e ↦ r e``;
     - Christoffel contraction ``Γ(u, v) = [(u·v) w - (w·u) v - (w·v) u] / r²`` (the conformally
       flat metric ``e^{2φ} I`` with ``φ = -log r``);
     - exact geodesic (product of a line and a great circle): with ``α = <w, u> / r²``,
@@ -48,10 +49,8 @@ class ScaleQuotient(QuotientManifold):
     name = "ScaleQuotient"
     ndim = 1
 
-    point_aware = True
-
     def __init__(self, ndim: int = 1, *, exp_steps: int = 10):
-        ndim = positive_int(ndim, "ndim", "dimensions of a block")
+        ndim = positive_int("ndim", ndim, "dimensions of a block")
         super().__init__(exp_steps=exp_steps)
         self.ndim = ndim
 
@@ -80,24 +79,28 @@ class ScaleQuotient(QuotientManifold):
         return self._reduce(a * b, keepdim=True)
 
     # ------------------------------------------------------------------ primitives
-    def lie_shape(self, x) -> tuple[()]:
+    def lie_shape(self, p: AtPoint) -> tuple[()]:
         return ()
 
-    def vertical(self, x, omega: Tensor) -> Tensor:
+    def vertical(self, p: AtPoint, omega: Tensor) -> Tensor:
         """``ω w``."""
-        return self._expand(omega) * as_tensor(x)
+        return self._expand(omega) * p.x
 
-    def metric(self, x, u: Tensor) -> Tensor:
+    def metric(self, p: AtPoint, u: Tensor) -> Tensor:
         """``u / r²``."""
-        return u / self._sqnorm(as_tensor(x))
+        return u / self._sqnorm(p.x)
 
-    def metric_inv(self, x, v: Tensor) -> Tensor:
+    def metric_inv(self, p: AtPoint, v: Tensor) -> Tensor:
         """``r² v``."""
-        return v * self._sqnorm(as_tensor(x))
+        return v * self._sqnorm(p.x)
+
+    def isotropic(self, p: AtPoint, e: Tensor) -> Tensor:
+        """``r e``: ``Σ (r e)² / r² = |e|²``."""
+        return e * self._sqnorm(p.x).sqrt()
 
     def act(self, x, a: Tensor) -> Tensor:
         """``w ↦ a w`` for ``a > 0`` of shape ``(...)``."""
-        return self._expand(a) * as_tensor(x)
+        return self._expand(a) * x
 
     def push(self, x, u: Tensor, a: Tensor) -> Tensor:
         """Differential of the action: ``ξ ↦ a ξ``."""
@@ -106,12 +109,7 @@ class ScaleQuotient(QuotientManifold):
     # ------------------------------------------------------------------ closed forms
     def inner(self, x, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False) -> Tensor:
         """``Σ u v / r²``."""
-        p = self.at(x)
-        self._check_vector(p, u)
-        if v is None:
-            v = u
-        else:
-            self._check_vector(p, v, "v")
+        p, v = self._pair_at(x, u, v)
         return self._reduce(u * v, keepdim) / self._reduce(p.x.square(), keepdim)
 
     def proju(self, x, u: Tensor) -> Tensor:
@@ -160,7 +158,7 @@ class ScaleQuotient(QuotientManifold):
 
     def _check_point_on_manifold(self, x, *, atol=1e-5, rtol=1e-5):
         """Entries finite and every block non-zero (the action is free only there)."""
-        x = as_tensor(x)
+        x = x.x if isinstance(x, AtPoint) else x
         if not bool(torch.isfinite(x).all()):
             return False, "the point has non-finite entries"
         if x.numel() == 0:

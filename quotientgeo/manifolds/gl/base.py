@@ -2,43 +2,53 @@ r"""GL(h) two-factor quotient: pairs ``(G, H)`` that enter a network only throug
 
 from __future__ import annotations
 
-import math
+import abc
 
 import torch
 
-from ..linalg import cholesky, cholesky_inverse, gram, mT, solve_sylvester, sylvester_basis, sym
-from .base import AtPoint, QuotientManifold, as_tensor, positive_int
+from ...linalg import cholesky, cholesky_inverse, gram, mT
+from ...validation import is_real, positive_int, real_in
+from ..base import AtPoint, QuotientManifold
 
 Tensor = torch.Tensor
 
 __all__ = ["GLQuotient"]
 
 
+def _metric_class(metric) -> type[GLQuotient]:
+    from .interpolated import InterpolatedGLQuotient
+    from .inv import GLInvQuotient
+    from .mix import GLMixQuotient
+
+    if isinstance(metric, str):
+        classes = {"inv": GLInvQuotient, "mix": GLMixQuotient}
+        if metric in classes:
+            return classes[metric]
+    elif is_real(metric):
+        return InterpolatedGLQuotient
+    raise ValueError(f"metric must be 'inv', 'mix' or a number s in [0, 1], got {metric!r}")
+
+
 class GLQuotient(QuotientManifold):
     r"""Quotient of full-rank factor pairs by ``GL(h)``: ``(G, H) ~ (G A⁻¹, H Aᵀ)``.
 
     A point is one tensor ``x = [G; H]`` of shape ``(..., n+m, h)``, ``G`` its first ``n`` rows;
-    leading dimensions are batch dimensions (heads, layers). With ``P = GᵀG + eps·I`` and
+    leading dimensions are batch dimensions (heads, layers). Vertical vectors are
+    ``(-G Ω, H Ωᵀ)``. Every metric here is a right multiplication
+    ``M(x) u = (u_G W_G, u_H W_H)`` by ``h × h`` SPD weights that transform as
+    ``W_G ↦ A W_G Aᵀ``, ``W_H ↦ A⁻ᵀ W_H A⁻¹``, hence invariant. With ``P = GᵀG + eps·I`` and
     ``Q = HᵀH + eps·I``:
 
-    ============  ===========================================  ===========================
-    metric        ``<η, ζ>``                                   horizontal space
-    ============  ===========================================  ===========================
-    ``"inv"``     ``tr(P⁻¹ η_Gᵀ ζ_G) + tr(Q⁻¹ η_Hᵀ ζ_H)``      ``ξ_Gᵀ G Q = P Hᵀ ξ_H``
-    ``"mix"``     ``tr(Q η_Gᵀ ζ_G) + tr(P η_Hᵀ ζ_H)``          ``Gᵀ ξ_G Q = P ξ_Hᵀ H``
-    ============  ===========================================  ===========================
+    ==================  ======================================  ===========================
+    ``metric``          ``(W_G, W_H)``                          class
+    ==================  ======================================  ===========================
+    ``"inv"``           ``(P⁻¹, Q⁻¹)``                          :class:`GLInvQuotient`
+    ``"mix"``           ``(Q, P)``                              :class:`GLMixQuotient`
+    ``s ∈ [0, 1]``      ``(1-s)·inv + s·mix``                   :class:`InterpolatedGLQuotient`
+    ==================  ======================================  ===========================
 
-    Vertical vectors ``(-G Ω, H Ωᵀ)``. Horizontal projection ``(ξ_G + G Λ, ξ_H - H Λᵀ)`` with
-
-    - mix: ``Λ = ½ (ξ_Hᵀ H Q⁻¹ - P⁻¹ Gᵀ ξ_G)``;
-    - inv: ``Λ = Xᵀ``, ``A X + X A = B``, ``A = P Q``, ``B = P Hᵀ ξ_H - ξ_Gᵀ G Q``, solved in the
-      eigenbasis of ``A = V diag(d) V⁻¹`` (``P = L Lᵀ``, ``Lᵀ Q L = U diag(d) Uᵀ``, ``V = L U``).
-
-    Riemannian gradient: inv ``proj(∇_G P, ∇_H Q)``; mix ``proj(∇_G Q⁻¹, ∇_H P⁻¹)``.
-    Christoffel contraction, G part (H part: swap the roles of ``(G, P)`` and ``(H, Q)``):
-
-    - inv: ``Γ_G(ξ, ξ) = -ξ_G P⁻¹ (ξ_Gᵀ G + Gᵀ ξ_G) + G P⁻¹ ξ_Gᵀ ξ_G``;
-    - mix: ``Γ_G(ξ, ξ) = ξ_G (ξ_Hᵀ H + Hᵀ ξ_H) Q⁻¹ - G ξ_Hᵀ ξ_H Q⁻¹``.
+    ``GLQuotient(n, metric)`` returns an instance of the class of ``metric`` (as geoopt's
+    ``Stiefel(canonical=...)`` does). ``<η, ζ> = tr(W_G η_Gᵀ ζ_G) + tr(W_H η_Hᵀ ζ_H)``.
 
     ``eps > 0`` is the relaxation of the paper's Appendix H.2 for (nearly) rank-deficient
     factors: ``P``, ``Q`` are replaced by their relaxed versions in every formula, so the
@@ -52,33 +62,55 @@ class GLQuotient(QuotientManifold):
 
     Args:
         n: number of rows of ``G`` (``m`` follows from the point's shape).
-        metric: ``"inv"`` or ``"mix"``.
+        metric: ``"inv"`` (default), ``"mix"`` or the interpolation weight ``s``.
         eps: Gram relaxation ``≥ 0``.
         exp_steps: RK4 steps of :meth:`expmap`.
+        dense_max: largest ``h²`` for which the generic projection (interpolated metric)
+            forms the normal equations densely.
     """
 
     name = "GLQuotient"
     ndim = 2
-    point_aware = True
 
-    def __init__(self, n: int, metric: str = "inv", eps: float = 0.0, *, exp_steps: int = 10):
-        n = positive_int(n, "n", "rows of G")
-        if metric not in ("inv", "mix"):
-            raise ValueError(f"metric must be 'inv' or 'mix', got {metric!r}")
-        if not 0 <= eps < math.inf:
-            raise ValueError(f"eps must be finite and >= 0, got {eps!r}")
-        super().__init__(exp_steps=exp_steps)
+    def __new__(cls, n=None, metric=None, *args, **kwargs):
+        if cls is GLQuotient:
+            cls = _metric_class("inv" if metric is None else metric)
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        n: int,
+        metric: str | float | None = None,
+        eps: float = 0.0,
+        *,
+        exp_steps: int = 10,
+        dense_max: int = 64,
+    ):
+        n = positive_int("n", n, "rows of G")
+        eps = real_in("eps", eps, 0.0)
+        if metric is not None and not isinstance(self, _metric_class(metric)):
+            raise ValueError(f"{type(self).__name__} does not have the metric {metric!r}")
+        super().__init__(exp_steps=exp_steps, dense_max=dense_max)
         self.n = n
-        self.metric_name = metric
-        self.eps = float(eps)
+        self.eps = eps
 
     def extra_repr(self) -> str:
-        return f"n={self.n}, metric={self.metric_name!r}, eps={self.eps}"
+        return f"n={self.n}, eps={self.eps}"
+
+    def with_metric(self, metric: str | float, *, eps: float | None = None) -> GLQuotient:
+        """``GLQuotient(n, metric)`` with this one's ``n``, steps and (unless given) ``eps``."""
+        return GLQuotient(
+            self.n,
+            metric,
+            self.eps if eps is None else eps,
+            exp_steps=self.exp_steps,
+            dense_max=self.dense_max,
+        )
 
     # ------------------------------------------------------------------ layout
     def split(self, x) -> tuple[Tensor, Tensor]:
-        """``x = [G; H] ↦ (G, H)``."""
-        x = as_tensor(x)
+        """``x = [G; H] ↦ (G, H)`` (``x`` a tensor or an :class:`AtPoint`)."""
+        x = x.x if isinstance(x, AtPoint) else x
         return x[..., : self.n, :], x[..., self.n :, :]
 
     def join(self, G: Tensor, H: Tensor) -> Tensor:
@@ -107,41 +139,62 @@ class GLQuotient(QuotientManifold):
         return True, None
 
     # ------------------------------------------------------------------ cached quantities
-    def _grams(self, p: AtPoint) -> tuple[Tensor, Tensor]:
+    def grams(self, p: AtPoint) -> tuple[Tensor, Tensor]:
+        """``(P, Q) = (GᵀG + eps·I, HᵀH + eps·I)``, cached on ``p``."""
+
         def compute():
-            G, H = self.split(p.x)
+            G, H = self.split(p)
             return gram(G, self.eps), gram(H, self.eps)
 
         return p.cached("grams", compute)
 
-    def _cholesky(self, p: AtPoint) -> tuple[Tensor, Tensor]:
-        P, Q = self._grams(p)
+    def cholesky_factors(self, p: AtPoint) -> tuple[Tensor, Tensor]:
+        """Lower Cholesky factors ``(L_P, L_Q)`` of ``P`` and ``Q``, cached on ``p``."""
+        P, Q = self.grams(p)
         return p.cached("cholesky", lambda: (cholesky(P, "GᵀG"), cholesky(Q, "HᵀH")))
 
-    def _inverses(self, p: AtPoint) -> tuple[Tensor, Tensor]:
-        LP, LQ = self._cholesky(p)
+    def inverses(self, p: AtPoint) -> tuple[Tensor, Tensor]:
+        """``(P⁻¹, Q⁻¹)``, cached on ``p``."""
+        LP, LQ = self.cholesky_factors(p)
         return p.cached("inverses", lambda: (cholesky_inverse(LP), cholesky_inverse(LQ)))
 
-    def _sylvester(self, p: AtPoint):
-        # factorizing Q too costs little and is what detects a rank-deficient H
-        P, Q = self._grams(p)
-        return p.cached("sylvester", lambda: sylvester_basis(P, Q, self._cholesky(p)[0]))
-
     # ------------------------------------------------------------------ primitives
-    def lie_shape(self, x) -> tuple[int, int]:
-        h = as_tensor(x).shape[-1]
+    @abc.abstractmethod
+    def weights(self, p: AtPoint) -> tuple[Tensor, Tensor]:
+        """The metric weights ``(W_G, W_H)`` at ``p`` (see the class docstring)."""
+
+    def lie_shape(self, p: AtPoint) -> tuple[int, int]:
+        h = p.x.shape[-1]
         return (h, h)
 
-    def vertical(self, x, omega: Tensor) -> Tensor:
+    def vertical(self, p: AtPoint, omega: Tensor) -> Tensor:
         """``(-G Ω, H Ωᵀ)``."""
-        return self._blockwise(as_tensor(x), -omega, mT(omega))
+        return self._blockwise(p.x, -omega, mT(omega))
 
-    def precondition(self, x, r: Tensor) -> Tensor:
-        """mix: ``½ P⁻¹ r Q⁻¹``, the exact inverse of ``V* M V: Ω ↦ 2 P Ω Q`` (at ``eps = 0``)."""
-        if self.metric_name == "inv":
-            return r
-        P_inv, Q_inv = self._inverses(self.at(x))
-        return 0.5 * P_inv @ r @ Q_inv
+    def metric(self, p: AtPoint, u: Tensor) -> Tensor:
+        """``(u_G W_G, u_H W_H)``."""
+        return self._blockwise(u, *self.weights(p))
+
+    def metric_inv(self, p: AtPoint, v: Tensor) -> Tensor:
+        """``(v_G W_G⁻¹, v_H W_H⁻¹)`` (Cholesky inverses of the weights, cached)."""
+
+        def compute():
+            return tuple(cholesky_inverse(cholesky(W, "a metric weight")) for W in self.weights(p))
+
+        return self._blockwise(v, *p.cached("weights_inv", compute))
+
+    def isotropic(self, p: AtPoint, e: Tensor) -> Tensor:
+        """``(e_G L_G⁻¹, e_H L_H⁻¹)`` with ``W = L Lᵀ``: ``tr(ξ W ξᵀ) = |e|²``."""
+
+        def compute():
+            return tuple(cholesky(W, "a metric weight") for W in self.weights(p))
+
+        LG, LH = p.cached("weights_cholesky", compute)
+        eG, eH = self.split(e)
+        solve = torch.linalg.solve_triangular
+        return self.join(
+            solve(LG, eG, upper=False, left=False), solve(LH, eH, upper=False, left=False)
+        )
 
     def act(self, x, A: Tensor) -> Tensor:
         """``(G, H) ↦ (G A⁻¹, H Aᵀ)`` for ``A`` of shape ``(..., h, h)``."""
@@ -152,58 +205,36 @@ class GLQuotient(QuotientManifold):
         """Differential of the action: ``(ξ_G, ξ_H) ↦ (ξ_G A⁻¹, ξ_H Aᵀ)``."""
         return self.act(u, A)
 
-    def _weights(self, p: AtPoint) -> tuple[Tensor, Tensor]:
-        """``(W_G, W_H)``, ``M(x) u = (u_G W_G, u_H W_H)``: inv ``(P⁻¹, Q⁻¹)``, mix ``(Q, P)``."""
-        if self.metric_name == "inv":
-            return self._inverses(p)
-        P, Q = self._grams(p)
-        return Q, P
-
-    def metric(self, x, u: Tensor) -> Tensor:
-        """inv: ``(u_G P⁻¹, u_H Q⁻¹)``; mix: ``(u_G Q, u_H P)``."""
-        return self._blockwise(u, *self._weights(self.at(x)))
-
-    def metric_inv(self, x, v: Tensor) -> Tensor:
-        """inv: ``(v_G P, v_H Q)``; mix: ``(v_G Q⁻¹, v_H P⁻¹)``."""
-        p = self.at(x)
-        if self.metric_name == "inv":
-            P, Q = self._grams(p)
-            return self._blockwise(v, P, Q)
-        P_inv, Q_inv = self._inverses(p)
-        return self._blockwise(v, Q_inv, P_inv)
+    def random_group(
+        self, x, *, generator: torch.Generator | None = None, scale: float = 1.0
+    ) -> Tensor:
+        """``A = scale · N``, ``N`` with standard Gaussian entries (invertible with probability
+        one, both components of GL(h)), one per batch entry of ``x``."""
+        x = x.x if isinstance(x, AtPoint) else x
+        h = x.shape[-1]
+        A = torch.randn(*x.shape[:-2], h, h, generator=generator, dtype=x.dtype, device=x.device)
+        return A.mul_(scale)
 
     # ------------------------------------------------------------------ closed forms
     def inner(self, x, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False) -> Tensor:
-        """inv ``tr(P⁻¹ u_Gᵀ v_G) + tr(Q⁻¹ u_Hᵀ v_H)``; mix ``tr(Q u_Gᵀ v_G) + tr(P u_Hᵀ v_H)``.
+        """``tr(W_G u_Gᵀ v_G) + tr(W_H u_Hᵀ v_H)``.
 
         Evaluated as ``Σ W ⊙ uᵀv`` per factor: one pass over ``u`` and ``v`` and nothing of their
         size allocated.
         """
-        p = self.at(x)
-        self._check_vector(p, u)
-        if v is None:
-            v = u
-        else:
-            self._check_vector(p, v, "v")
-        W_G, W_H = self._weights(p)
+        p, v = self._pair_at(x, u, v)
+        W_G, W_H = self.weights(p)
         (uG, uH), (vG, vH) = self.split(u), self.split(v)
         value = (W_G * (mT(uG) @ vG)).sum((-2, -1)) + (W_H * (mT(uH) @ vH)).sum((-2, -1))
         return value[..., None, None] if keepdim else value
 
-    def proju(self, x, u: Tensor) -> Tensor:
-        """Horizontal projection ``(ξ_G + G Λ, ξ_H - H Λᵀ)`` (Λ in the class docstring)."""
-        p = self.at(x)
-        self._check_vector(p, u)
-        G, H = self.split(p.x)
-        uG, uH = self.split(u)
-        if self.metric_name == "inv":
-            P, Q = self._grams(p)
-            B = P @ (mT(H) @ uH) - mT(mT(G) @ uG) @ Q
-            Lam = mT(solve_sylvester(self._sylvester(p), B))
-        else:
-            P_inv, Q_inv = self._inverses(p)
-            Lam = 0.5 * ((mT(uH) @ H) @ Q_inv - P_inv @ (mT(G) @ uG))
-        return self._blockwise(p.x, Lam, -mT(Lam), add=u)
+    def _bilinear(self, p: AtPoint, u: Tensor, v: Tensor, cG, cH) -> Tensor:
+        """``F C_F + u C_u + v C_v`` per factor ``F`` from ``h × h`` coefficients
+        ``c = (C_F, C_u, C_v)`` (``C_v`` unused when ``v is u``), accumulated into one output."""
+        out = self._blockwise(u, cG[1], cH[1])
+        if v is not u:
+            self._blockwise(v, cG[2], cH[2], add=out, into=True)
+        return self._blockwise(p.x, cG[0], cH[0], add=out, into=True)
 
     def _blockwise(
         self, u: Tensor, W_G: Tensor, W_H: Tensor, add: Tensor | None = None, *, into: bool = False
@@ -242,35 +273,6 @@ class GLQuotient(QuotientManifold):
             flat[:, n:].baddbmm_(u[:, n:], W_H.reshape(-1, h, h))
         return add
 
-    def egrad2rgrad(self, x, u: Tensor) -> Tensor:
-        """inv: ``proj(∇_G P, ∇_H Q)``; mix: ``proj(∇_G Q⁻¹, ∇_H P⁻¹)``."""
-        p = self.at(x)
-        self._check_vector(p, u, "the gradient")
-        return self.proju(p, self.metric_inv(p, u))
-
-    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
-        """Symmetric bilinear ``Γ(u, v)`` (class docstring gives ``Γ(ξ, ξ)``; polarised here).
-
-        Each factor block is ``F C_F + u C_u + v C_v`` with ``h × h`` coefficients (see
-        :func:`_gamma_inv`, :func:`_gamma_mix`), accumulated into one output.
-        """
-        p = self.at(x)
-        self._check_vector(p, u)
-        v = u if v is None else v
-        G, H = self.split(p.x)
-        uG, uH = self.split(u)
-        vG, vH = (uG, uH) if v is u else self.split(v)
-        P_inv, Q_inv = self._inverses(p)
-        if self.metric_name == "inv":
-            cG, cH = _gamma_inv(G, P_inv, uG, vG), _gamma_inv(H, Q_inv, uH, vH)
-        else:
-            cG = _gamma_mix(Q_inv, uG, vG, H, uH, vH)
-            cH = _gamma_mix(P_inv, uH, vH, G, uG, vG)
-        out = self._blockwise(u, cG[1], cH[1])
-        if v is not u:
-            self._blockwise(v, cG[2], cH[2], add=out, into=True)
-        return self._blockwise(p.x, cG[0], cH[0], add=out, into=True)
-
     # ------------------------------------------------------------------ points
     def _check_point_on_manifold(self, x, *, atol=1e-5, rtol=1e-5):
         """Full column rank of ``G`` and ``H`` to working precision (not needed with ``eps > 0``).
@@ -279,7 +281,7 @@ class GLQuotient(QuotientManifold):
         and ``cond(H)²``, so a factor counts as rank deficient once ``cond² ≥ 1 / eps`` of the
         dtype. Reports the worst condition numbers.
         """
-        x = as_tensor(x)
+        x = x.x if isinstance(x, AtPoint) else x
         if not bool(torch.isfinite(x).all()):
             return False, "the point has non-finite entries"
         if x.numel() == 0:
@@ -308,32 +310,3 @@ class GLQuotient(QuotientManifold):
         rows, h = size[-2], size[-1]
         eye = lambda r: torch.eye(r, h, dtype=dtype, device=device)  # noqa: E731
         return torch.cat([eye(self.n), eye(rows - self.n)], dim=-2).expand(*size).clone()
-
-
-def _gamma_inv(F: Tensor, W_inv: Tensor, u: Tensor, v: Tensor) -> tuple[Tensor, ...]:
-    """inv factor part ``F W⁻¹ sym(uᵀv) - u W⁻¹ sym(vᵀF) - v W⁻¹ sym(uᵀF)`` as ``(C_F, C_u, C_v)``.
-
-    ``W`` is the Gram matrix of ``F``; for ``v is u`` the two last terms are one (``C_v`` is
-    then unused).
-    """
-    Su = W_inv @ sym(mT(u) @ F)
-    if v is u:
-        return W_inv @ (mT(u) @ u), -2 * Su, None
-    Sv = W_inv @ sym(mT(v) @ F)
-    return W_inv @ sym(mT(u) @ v), -Sv, -Su
-
-
-def _gamma_mix(
-    W_inv: Tensor, uF: Tensor, vF: Tensor, K: Tensor, uK: Tensor, vK: Tensor
-) -> tuple[Tensor, ...]:
-    """mix factor part ``[u_F sym(v_Kᵀ K) + v_F sym(u_Kᵀ K) - F sym(u_Kᵀ v_K)] W⁻¹`` as
-    ``(C_F, C_u, C_v)``.
-
-    ``W`` is the Gram matrix of the other factor ``K``; for ``vF is uF`` the first two terms are
-    one (``C_v`` is then unused).
-    """
-    SuK = sym(mT(uK) @ K) @ W_inv
-    if vF is uF:
-        return -(mT(uK) @ uK) @ W_inv, 2 * SuK, None
-    SvK = sym(mT(vK) @ K) @ W_inv
-    return -sym(mT(uK) @ vK) @ W_inv, SvK, SuK

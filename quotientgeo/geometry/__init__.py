@@ -1,0 +1,15 @@
+"""The parameter geometry of a model: symmetry blocks, their layout, gather/scatter, discovery.
+
+- :mod:`.layout`: :class:`Source` regions of parameters and their coverage;
+- :mod:`.plan`: the frozen plan (blocks, kinds, reassembly of parameters);
+- :mod:`.transfer`: gather points from parameters and scatter them back;
+- :mod:`.parameters`: :class:`ParameterGeometry`, the declarations;
+- :mod:`.discovery`: :func:`find_symmetries` for attention and LoRA layers.
+"""
+
+from .discovery import find_symmetries
+from .layout import Region, Source
+from .parameters import HALF, ParameterGeometry
+from .plan import Block, Kind
+
+__all__ = ["HALF", "Block", "Kind", "ParameterGeometry", "Region", "Source", "find_symmetries"]

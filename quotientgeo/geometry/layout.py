@@ -1,0 +1,180 @@
+"""Where symmetry blocks live in a model: parameter sources, their regions and coverage.
+
+A :class:`Source` names a region ``V[rows, cols]`` of one parameter seen as a 2-D matrix
+``V``; :class:`Layout` resolves sources against a model (:class:`Region`) and records which
+regions blocks cover, so that overlapping declarations are refused.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+Tensor = torch.Tensor
+
+__all__ = ["Layout", "Region", "Source"]
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one parameter contributes rows to a factor of a symmetry block.
+
+    The parameter is seen as a 2-D matrix ``V`` (1-D parameters of length ``L`` as ``(L, 1)``,
+    2-D ones as they are, anything else through ``view``), and the region ``V[rows, cols]``
+    belongs to the block. For a block with ``heads`` heads of width ``h``:
+
+    - ``axis=0`` (the ``nn.Linear`` weight convention ``x Wᵀ``): the region's rows are the heads'
+      features, ``heads·h`` of them; head ``i`` contributes ``V[rows][i·h:(i+1)·h, cols]ᵀ``, i.e.
+      ``len(cols)`` rows of its factor. A bias ``b`` (``axis=0``) contributes one row ``b_i``.
+    - ``axis=1`` (an output projection ``W_o[:, head columns]``): the region's columns are the
+      heads' features; head ``i`` contributes ``V[rows, cols][:, i·h:(i+1)·h]``.
+    """
+
+    param: str
+    axis: int = 0
+    rows: tuple[int, int] | None = None
+    cols: tuple[int, int] | None = None
+    view: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Region:
+    """A :class:`Source` resolved against a model: ``V[rows[0]:rows[1], cols[0]:cols[1]]``.
+
+    Each of the block's heads reads a ``(k × width)`` matrix from it.
+    """
+
+    source: Source
+    name: str  # canonical parameter name
+    view: tuple[int, int]
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+    k: int  # factor rows per head
+    width: int  # head width h
+
+    @property
+    def axis(self) -> int:
+        return self.source.axis
+
+    def of(self, param: Tensor) -> Tensor:
+        """The region of ``param`` (a view)."""
+        return param.reshape(self.view)[self.rows[0] : self.rows[1], self.cols[0] : self.cols[1]]
+
+    def to_factor(self, region: Tensor, heads: int) -> Tensor:
+        """Region ``(heads·h, k)`` (axis 0) or ``(k, heads·h)`` (axis 1) -> ``(heads, k, h)``."""
+        if self.axis == 0:
+            return region.reshape(heads, -1, region.shape[1]).transpose(1, 2)
+        return region.reshape(region.shape[0], heads, -1).permute(1, 0, 2)
+
+    def from_factor(self, piece: Tensor) -> Tensor:
+        """Inverse of :meth:`to_factor`: ``(..., heads, k, h)`` -> ``(..., *region)``."""
+        *lead, heads, k, h = piece.shape
+        if self.axis == 0:
+            return piece.transpose(-1, -2).reshape(*lead, heads * h, k)
+        return piece.movedim(-2, -3).reshape(*lead, k, heads * h)
+
+
+class Layout:
+    """The trainable parameters of a model and the regions that symmetry blocks cover.
+
+    Keeps, across declarations, a host boolean mask per covered parameter (over its 2-D view)
+    and the view each parameter is seen through. :meth:`claim` costs only the new block's
+    regions, and a refused claim leaves the layout untouched.
+    """
+
+    def __init__(self, model: nn.Module):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self.all = dict(model.named_parameters(remove_duplicate=False))
+        canonical = {id(p): name for name, p in model.named_parameters()}
+        self.canonical = {name: canonical[id(p)] for name, p in self.all.items()}
+        self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        self.coverage: dict[str, Tensor] = {}
+        self.views: dict[str, tuple[int, int]] = {}
+
+    def resolve(self, src: Source, heads: int, label: str) -> Region:
+        """The region of ``src`` for a block of ``heads`` heads named ``label``."""
+        if src.param not in self.all:
+            raise KeyError(f"{label}: the model has no parameter named {src.param!r}")
+        name = self.canonical[src.param]
+        if name not in self.params:
+            raise ValueError(
+                f"{label}: parameter {src.param!r} is frozen (requires_grad=False); "
+                "only trainable parameters can form symmetry blocks"
+            )
+        p = self.params[name]
+        if src.view is not None:
+            view = tuple(int(s) for s in src.view)
+            if math.prod(view) != p.numel() or len(view) != 2:
+                raise ValueError(
+                    f"{label}: view {src.view} does not fit parameter {name!r} of shape "
+                    f"{tuple(p.shape)}"
+                )
+        elif p.dim() in (1, 2):
+            view = (p.shape[0], 1) if p.dim() == 1 else tuple(p.shape)
+        else:
+            raise ValueError(
+                f"{label}: parameter {name!r} has shape {tuple(p.shape)}; "
+                "give Source(view=(rows, cols))"
+            )
+
+        def bounds(span, size, what):
+            start, stop = (0, size) if span is None else (int(span[0]), int(span[1]))
+            if not 0 <= start < stop <= size:
+                raise ValueError(
+                    f"{label}: {what} {span} out of range for {name!r} viewed as {view}"
+                )
+            return start, stop
+
+        rows, cols = bounds(src.rows, view[0], "rows"), bounds(src.cols, view[1], "cols")
+        if src.axis not in (0, 1):
+            raise ValueError(f"{label}: Source.axis must be 0 or 1, got {src.axis}")
+        R, C = rows[1] - rows[0], cols[1] - cols[0]
+        features, k = (R, C) if src.axis == 0 else (C, R)
+        if features % heads:
+            raise ValueError(
+                f"{label}: {features} head features of {name!r} do not split into {heads} heads"
+            )
+        return Region(src, name, view, rows, cols, k, features // heads)
+
+    def claim(self, regions: tuple[Region, ...], label: str) -> None:
+        """Mark ``regions`` as covered, or raise with nothing marked."""
+        filled: list[Tensor] = []
+        new_masks: list[str] = []
+        new_views: list[str] = []
+        try:
+            for r in regions:
+                mask = self.coverage.get(r.name)
+                if mask is None:
+                    mask = self.coverage[r.name] = torch.zeros(r.view, dtype=torch.bool)
+                    new_masks.append(r.name)
+                area = mask[r.rows[0] : r.rows[1], r.cols[0] : r.cols[1]]
+                if bool(area.any()):
+                    raise ValueError(
+                        f"{label}: rows {r.rows}, cols {r.cols} of {r.name!r} already belong to "
+                        "another block"
+                    )
+                area.fill_(True)
+                filled.append(area)
+            for r in regions:
+                view = self.views.get(r.name)
+                if view is None:
+                    self.views[r.name] = r.view
+                    new_views.append(r.name)
+                elif view != r.view:
+                    raise ValueError(
+                        f"{label}: parameter {r.name!r} is viewed as {view} by another block "
+                        f"and as {r.view} here"
+                    )
+        except Exception:
+            # every filled area was all False before (it was checked), so this restores it
+            for area in filled:
+                area.fill_(False)
+            for name in new_masks:
+                del self.coverage[name]
+            for name in new_views:
+                del self.views[name]
+            raise

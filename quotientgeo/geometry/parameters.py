@@ -1,0 +1,272 @@
+r"""Parameter geometry of a model: its symmetry blocks and the adaptive rest.
+
+A :class:`ParameterGeometry` splits the trainable parameters of a :class:`torch.nn.Module` into
+
+- **symmetry blocks**, each declared on a :class:`~quotientgeo.QuotientManifold`: ``heads``
+  points of shape ``(Σ k_f, h)``, head ``i``'s point stacking the ``(k_f × h)`` parts of its
+  factors (see :class:`Source`) along rows. Blocks on equal manifolds with equal point shapes
+  form one *kind*, stored batched as one ``(batch, Σ k_f, h)`` tensor, so that one manifold
+  handles all heads of all layers at once;
+- the **adaptive rest**: every other trainable element, flattened into one vector ``w`` for
+  the element-wise geometry of adaptive sharpness (:class:`~quotientgeo.AdaptiveGeometry`).
+
+:meth:`ParameterGeometry.gather` reads the points from the model;
+:meth:`ParameterGeometry.scatter` maps (perturbed) points back to a dict ``name -> tensor``
+with differentiable view, transpose and concatenation operations only; it never writes to
+the model. Scattering the gathered points reproduces every parameter exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from ..manifolds import AdaptiveGeometry, GLQuotient, QuotientManifold, RescaleQuotient
+from ..validation import positive_int
+from .layout import Layout, Source
+from .plan import Block, Kind, Plan, build_plan, n_entries
+from .transfer import gather, scatter
+
+Tensor = torch.Tensor
+
+__all__ = ["HALF", "ParameterGeometry", "as_sources"]
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def as_sources(spec) -> tuple[Source, ...]:
+    """A factor given as a parameter name, a :class:`Source` or a list of them."""
+    if isinstance(spec, (str, Source)):
+        spec = [spec]
+    out = []
+    for s in spec:
+        if isinstance(s, str):
+            s = Source(s)
+        if not isinstance(s, Source):
+            raise TypeError(f"a factor source must be a parameter name or a Source, got {s!r}")
+        out.append(s)
+    if not out:
+        raise ValueError("a factor needs at least one source parameter")
+    return tuple(out)
+
+
+class ParameterGeometry:
+    """Symmetry blocks and adaptive rest of a model's trainable parameters (module docstring).
+
+    Args:
+        model: the module whose trainable parameters (``requires_grad``) are described.
+
+    The model is only read: :meth:`gather` copies its parameters, :meth:`scatter` builds new
+    tensors, and only :meth:`assign_` writes (in place, explicitly).
+    """
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.layout = Layout(model)
+        self.blocks: list[Block] = []
+        self._plan: Plan | None = None  # built on first use after the last declaration
+
+    # ------------------------------------------------------------------ declaration
+    def add(
+        self, manifold: QuotientManifold, *factors, heads: int = 1, label: str | None = None
+    ) -> ParameterGeometry:
+        """Declare a block of ``heads`` points on ``manifold``; returns ``self``.
+
+        Each factor is a parameter name, a :class:`Source` or a list of them stacked as rows.
+        Head ``i``'s part of a factor is a ``(k_f × h)`` matrix (``axis=0``: ``nn.Linear``
+        weight rows and bias entries are the head features; ``axis=1``: output-projection
+        columns are), and head ``i``'s point stacks its factors along rows: shape
+        ``(Σ k_f, h)``. An invalid block raises a ``ValueError`` naming it (a ``KeyError``
+        for an unknown parameter) and leaves the geometry unchanged.
+        """
+        label = label or f"block {len(self.blocks)}"
+        if not isinstance(manifold, QuotientManifold):
+            raise ValueError(
+                f"{label}: a block is measured on a QuotientManifold, got {type(manifold).__name__}"
+            )
+        try:
+            heads = positive_int("heads", heads)
+        except ValueError as err:
+            raise ValueError(f"{label}: {err}") from None
+        if not factors:
+            raise ValueError(f"{label}: give at least one factor")
+        sources = tuple(as_sources(f) for f in factors)
+        regions = tuple(self.layout.resolve(s, heads, label) for f in sources for s in f)
+        widths = sorted({r.width for r in regions})
+        if len(widths) != 1:
+            raise ValueError(f"{label}: the factors give different head widths {widths}")
+        block = Block(label, manifold, heads, sources, regions)
+        ok, reason = manifold._check_shape((heads, *block.shape), "the point")
+        if not ok:
+            raise ValueError(f"{label}: {type(manifold).__name__} rejects its points: {reason}")
+        self.layout.claim(regions, label)
+        self.blocks.append(block)
+        self._plan = None
+        return self
+
+    def add_gl_pair(self, g, h, *, heads: int = 1, label: str | None = None) -> ParameterGeometry:
+        """Declare GL pairs ``(G, H)``, one per head, that enter the network through ``G Hᵀ``.
+
+        ``add(GLQuotient(n), g, h, heads=heads)`` with ``n`` the rows of ``G``: a plain name
+        means ``Source(name)``, an ``nn.Linear`` weight or bias whose output features are the
+        heads' features; ``Source(name, axis=1)`` is an output projection whose input columns
+        belong to the heads. Returns ``self``.
+        """
+        label = label or f"GL pair {len(self.blocks)}"
+        try:
+            heads = positive_int("heads", heads)
+        except ValueError as err:
+            raise ValueError(f"{label}: {err}") from None
+        n = sum(self.layout.resolve(s, heads, label).k for s in as_sources(g))
+        return self.add(GLQuotient(n, "mix"), g, h, heads=heads, label=label)
+
+    def add_rescale_pair(self, u, v, *, label: str | None = None) -> ParameterGeometry:
+        """Declare an element-wise re-scaling pair ``(u, v) ~ (α u, v / α)`` (``β = u ⊙ v``).
+
+        ``add(RescaleQuotient(), u, v)``: ``u`` and ``v`` are 1-D regions (a vector, or a
+        ``Source`` with ``view=(d, 1)``) of equal length ``d``; the point is ``(2, d)``.
+        """
+        label = label or f"re-scaling pair {len(self.blocks)}"
+        sizes = [sum(self.layout.resolve(s, 1, label).width for s in as_sources(f)) for f in (u, v)]
+        if sizes[0] != sizes[1]:
+            raise ValueError(f"{label}: u has {sizes[0]} entries but v has {sizes[1]}")
+        return self.add(RescaleQuotient("mix"), u, v, label=label)
+
+    # ------------------------------------------------------------------ plan
+    @property
+    def plan(self) -> Plan:
+        """The frozen plan of the declared blocks (built once after the last declaration)."""
+        if self._plan is None:
+            self._plan = build_plan(self.layout, self.blocks)
+        return self._plan
+
+    @property
+    def params(self) -> dict[str, nn.Parameter]:
+        """Trainable parameters by canonical name."""
+        return self.layout.params
+
+    @property
+    def kinds(self) -> tuple[Kind, ...]:
+        return self.plan.kinds
+
+    @property
+    def adaptive_names(self) -> list[str]:
+        """Parameters wholly in the adaptive geometry."""
+        return list(self.plan.adaptive_names)
+
+    @property
+    def partial_names(self) -> list[str]:
+        """Parameters partly in symmetry blocks; their other entries are adaptive."""
+        return list(self.plan.partial)
+
+    @property
+    def symmetric_names(self) -> list[str]:
+        """Parameters (wholly or partly) in symmetry blocks."""
+        return list(self.plan.assembly)
+
+    @property
+    def n_symmetric(self) -> int:
+        """Number of parameter entries covered by symmetry blocks."""
+        return n_entries(self.plan.kinds)
+
+    @property
+    def n_adaptive(self) -> int:
+        """Number of parameter entries in the adaptive geometry."""
+        return sum(self.plan.adaptive_sizes)
+
+    @property
+    def n_heads(self) -> int:
+        """Number of block points (heads) over all kinds."""
+        return sum(k.batch for k in self.plan.kinds)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """Dtype of gathered points: the parameters' promoted dtype, at least float32."""
+        dtype = torch.float32
+        for p in self.params.values():
+            if p.dtype.is_floating_point and p.dtype not in HALF:
+                dtype = torch.promote_types(dtype, p.dtype)
+        return dtype
+
+    @property
+    def device(self) -> torch.device:
+        devices = {p.device for p in self.params.values()}
+        if len(devices) > 1:
+            raise ValueError(f"parameters live on several devices {sorted(map(str, devices))}")
+        return devices.pop() if devices else torch.device("cpu")
+
+    def manifolds(
+        self, metric: str | float | None = None, *, eps: float | None = None
+    ) -> list[QuotientManifold]:
+        """One manifold per kind (order of :attr:`kinds` and :meth:`gather`).
+
+        ``metric`` (``"inv"``, ``"mix"`` or ``s``) and ``eps`` re-choose the metric of the
+        shipped GL and re-scaling kinds (:meth:`QuotientManifold.with_metric`); ``None``
+        keeps every kind's declared manifold.
+        """
+        if metric is None:
+            return [k.manifold for k in self.kinds]
+        return [k.manifold.with_metric(metric, eps=eps) for k in self.kinds]
+
+    def rest_manifold(self) -> AdaptiveGeometry:
+        """The geometry of the adaptive rest ``w``."""
+        return AdaptiveGeometry()
+
+    # ------------------------------------------------------------------ gather / scatter
+    def gather(
+        self, params: dict[str, Tensor] | None = None, *, dtype: torch.dtype | None = None
+    ) -> tuple[list[Tensor], Tensor]:
+        """Points of every kind and the flat adaptive vector, read from ``params``.
+
+        Returns ``(points, w)``: ``points[i]`` has shape ``(kinds[i].batch, *kinds[i].shape)``;
+        ``w`` holds the adaptive parameters flattened in :attr:`adaptive_names` order, then
+        the uncovered entries of partially covered parameters. ``params`` defaults to the
+        model's (detached) parameters; ``dtype`` to :attr:`compute_dtype`.
+        """
+        src = self.params if params is None else params
+        return gather(self.plan, src, dtype or self.compute_dtype, self.device)
+
+    def scatter(self, points: Sequence[Tensor], w: Tensor | None = None) -> dict[str, Tensor]:
+        """Parameters ``name -> tensor`` from ``points`` and ``w``: the inverse of :meth:`gather`.
+
+        Differentiable; uses only views, transposes and concatenations (slice scatters where
+        blocks cover parameters partially). Tensors are returned in the parameters' dtypes;
+        parameters are never modified. ``w=None`` keeps the adaptive parameters out of the dict.
+        """
+        return scatter(self.plan, self.params, points, w)
+
+    @torch.no_grad()
+    def assign_(self, points: Sequence[Tensor], w: Tensor | None = None) -> None:
+        """Write scattered ``points`` (and ``w``) into the model's parameters, in place."""
+        for name, value in self.scatter(points, w).items():
+            self.params[name].copy_(value)
+
+    # ------------------------------------------------------------------ display
+    def summary(self) -> str:
+        """Readable description: kinds, heads, shapes, parameters covered and left adaptive."""
+        plan = self.plan
+        model = type(self.model).__name__
+        lines = [
+            f"ParameterGeometry of {model}: {len(plan.kinds)} kind(s), {len(plan.blocks)} block(s)"
+        ]
+        for i, kind in enumerate(plan.kinds):
+            labels = [plan.blocks[b].label for b in kind.blocks]
+            shown = ", ".join(labels[:3]) + (f", … (+{len(labels) - 3})" if len(labels) > 3 else "")
+            lines.append(f"  [{i}] {kind.describe()}, {len(labels)} block(s): {shown}")
+        total = self.n_symmetric + self.n_adaptive
+        lines.append(
+            f"  symmetric: {self.n_symmetric:,} of {total:,} trainable entries in "
+            f"{len(plan.assembly)} tensor(s)"
+        )
+        names = self.adaptive_names + [f"{n} (partly)" for n in plan.partial]
+        shown = ", ".join(names[:4]) + (f", … (+{len(names) - 4})" if len(names) > 4 else "")
+        lines.append(
+            f"  adaptive:  {self.n_adaptive:,} entries in {len(names)} tensor(s)"
+            + (f": {shown}" if names else "")
+        )
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.summary()

@@ -1,0 +1,218 @@
+"""The frozen plan of a parameter geometry: blocks, kinds, and how parameters are reassembled.
+
+Built once from the declared blocks (:func:`build_plan`, linear in their number); gather and
+scatter only read it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..manifolds import QuotientManifold
+from .layout import Layout, Region, Source
+
+Tensor = torch.Tensor
+
+__all__ = ["Block", "Concat", "Kind", "Patch", "Piece", "Plan", "Stack", "build_plan"]
+
+
+@dataclass(frozen=True, eq=False)
+class Block:
+    """A declared symmetry: ``heads`` points of shape ``shape`` on ``manifold``.
+
+    ``factors`` are the sources as declared (each a tuple stacked as rows); ``regions`` the
+    same sources resolved, in row order: head ``i``'s point stacks ``region.to_factor`` of
+    every region along rows.
+    """
+
+    label: str
+    manifold: QuotientManifold
+    heads: int
+    factors: tuple[tuple[Source, ...], ...]
+    regions: tuple[Region, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """Point shape of one head, ``(Σ k, h)``."""
+        return sum(r.k for r in self.regions), self.regions[0].width
+
+    def layout_key(self) -> tuple:
+        """Equal for blocks that read the same regions of same-shaped parameters."""
+        return self.heads, tuple((r.axis, r.k, r.rows, r.cols, r.view) for r in self.regions)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Blocks on equal manifolds with equal point shapes, stored as one batched tensor."""
+
+    manifold: QuotientManifold
+    shape: tuple[int, int]  # point shape of one head
+    blocks: tuple[int, ...]  # indices into Plan.blocks
+    sizes: tuple[int, ...]  # heads contributed by each block
+
+    @property
+    def batch(self) -> int:
+        return sum(self.sizes)
+
+    def describe(self) -> str:
+        return f"{self.manifold!r}, point {(self.batch, *self.shape)}"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Region ``index`` of block ``block``."""
+
+    block: int
+    index: int
+    region: Region
+
+
+@dataclass(frozen=True)
+class Concat:
+    """A parameter tiled by regions along ``dim`` of its view: one concatenation."""
+
+    dim: int
+    pieces: tuple[Piece, ...]
+
+
+@dataclass(frozen=True)
+class Patch:
+    """A parameter partly covered (or in a pattern that is no tiling): slice scatters."""
+
+    pieces: tuple[Piece, ...]
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Parameters of all layers from one concatenation along ``dim`` of per-layer regions.
+
+    ``sources`` are ``(kind, region index)`` pairs; ``names[i]`` is the parameter of the
+    ``i``-th block of those kinds.
+    """
+
+    dim: int
+    sources: tuple[tuple[int, int], ...]
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything gather and scatter need, fixed when the blocks are.
+
+    ``assembly`` says how each covered parameter is rebuilt; ``stacks`` (or ``None``) the same
+    batched over layers; ``adaptive_names`` are the wholly uncovered parameters and
+    ``partial`` the masks of uncovered entries of partly covered ones (over their views, on
+    the parameter's device).
+    """
+
+    blocks: tuple[Block, ...]
+    kinds: tuple[Kind, ...]
+    assembly: dict[str, Concat | Patch]
+    stacks: tuple[Stack, ...] | None
+    adaptive_names: tuple[str, ...]
+    partial: dict[str, Tensor]
+    adaptive_sizes: tuple[int, ...]
+    views: dict[str, tuple[int, int]]
+
+
+def build_plan(layout: Layout, blocks: list[Block]) -> Plan:
+    """Group ``blocks`` into kinds and plan the reassembly of every parameter."""
+    members: dict[tuple, list[int]] = {}
+    for bi, block in enumerate(blocks):
+        key = (block.manifold.geometry_key(), block.shape)
+        members.setdefault(key, []).append(bi)
+    kinds = tuple(
+        Kind(
+            blocks[bis[0]].manifold,
+            blocks[bis[0]].shape,
+            tuple(bis),
+            tuple(blocks[b].heads for b in bis),
+        )
+        for bis in members.values()
+    )
+    coverage = layout.coverage
+    adaptive_names = tuple(n for n in layout.params if n not in coverage)
+    uncovered = {n: ~mask for n, mask in coverage.items() if not bool(mask.all())}
+    adaptive_sizes = tuple(layout.params[n].numel() for n in adaptive_names) + tuple(
+        int(mask.sum()) for mask in uncovered.values()
+    )
+    # the masks live on their parameter's device: gather/scatter index with them on every call
+    partial = {n: m.to(layout.params[n].device) for n, m in uncovered.items()}
+    pieces: dict[str, list[Piece]] = {}
+    for bi, block in enumerate(blocks):
+        for j, region in enumerate(block.regions):
+            pieces.setdefault(region.name, []).append(Piece(bi, j, region))
+    assembly: dict[str, Concat | Patch] = {}
+    for name, ps in pieces.items():
+        view = layout.views[name]
+        by_rows = sorted(ps, key=lambda p: p.region.rows)
+        by_cols = sorted(ps, key=lambda p: p.region.cols)
+        if name not in partial and _tiles(by_rows, 0, view):
+            assembly[name] = Concat(0, tuple(by_rows))
+        elif name not in partial and _tiles(by_cols, 1, view):
+            assembly[name] = Concat(1, tuple(by_cols))
+        else:
+            assembly[name] = Patch(tuple(ps))
+    return Plan(
+        blocks=tuple(blocks),
+        kinds=kinds,
+        assembly=assembly,
+        stacks=_stack_layers(blocks, kinds, assembly),
+        adaptive_names=adaptive_names,
+        partial=partial,
+        adaptive_sizes=adaptive_sizes,
+        views=dict(layout.views),
+    )
+
+
+def _tiles(pieces: list[Piece], axis: int, view: tuple[int, int]) -> bool:
+    """Do the regions, sorted along ``axis``, tile the matrix as full slabs along ``axis``?"""
+    other = 1 - axis
+    pos = 0
+    for p in pieces:
+        r = p.region
+        span, full = (r.rows, r.cols) if axis == 0 else (r.cols, r.rows)
+        if span[0] != pos or full != (0, view[other]):
+            return False
+        pos = span[1]
+    return pos == view[axis]
+
+
+def _stack_layers(blocks, kinds, assembly) -> tuple[Stack, ...] | None:
+    """The scatter batched over layers, or ``None`` (then scatter goes block by block).
+
+    Possible when every kind is homogeneous (all its blocks lay out the same regions of
+    same-shaped parameters) and every covered parameter is a concatenation of regions taken
+    at one block position: then each (kind, region) is formed for all layers at once, and the
+    parameters of all layers come from one ``cat`` and ``unbind``.
+    """
+    position = {}
+    for ki, kind in enumerate(kinds):
+        if len({blocks[b].layout_key() for b in kind.blocks}) != 1:
+            return None
+        for i, b in enumerate(kind.blocks):
+            position[b] = (ki, i)
+    groups: dict[tuple, dict[int, str]] = {}
+    for name, how in assembly.items():
+        at = {position[p.block][1] for p in how.pieces}
+        if isinstance(how, Patch) or len(at) != 1:
+            return None
+        key = (how.dim, tuple((position[p.block][0], p.index) for p in how.pieces))
+        groups.setdefault(key, {})[at.pop()] = name
+    stacks = []
+    for (dim, sources), names in groups.items():
+        n = len(names)
+        if sorted(names) != list(range(n)):
+            return None
+        if any(len(kinds[ki].blocks) != n for ki, _ in sources):
+            return None
+        stacks.append(Stack(dim, sources, tuple(names[i] for i in range(n))))
+    return tuple(stacks)
+
+
+def n_entries(kinds: tuple[Kind, ...]) -> int:
+    """Parameter entries covered by the kinds."""
+    return sum(k.batch * math.prod(k.shape) for k in kinds)

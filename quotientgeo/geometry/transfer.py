@@ -1,0 +1,124 @@
+"""Gather points from parameters and scatter (perturbed) points back, following a :class:`Plan`.
+
+Scatter uses differentiable views, transposes and concatenations only (slice scatters where
+blocks cover parameters partially) and never writes to the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .plan import Concat, Plan
+
+Tensor = torch.Tensor
+
+__all__ = ["gather", "scatter"]
+
+
+def _mask(plan: Plan, name: str, device: torch.device) -> Tensor:
+    """Mask of the uncovered entries of ``name`` on ``device``; moved (and kept there) only
+    when the model has moved since the plan was built, so steady-state calls copy nothing."""
+    mask = plan.partial[name]
+    if mask.device != device:
+        mask = plan.partial[name] = mask.to(device)
+    return mask
+
+
+def gather(plan: Plan, params: dict[str, Tensor], dtype: torch.dtype, device) -> tuple:
+    """``(points, w)``: one ``(batch, *shape)`` tensor per kind and the flat adaptive vector."""
+
+    def get(name: str) -> Tensor:
+        return params[name].detach().to(dtype)
+
+    points = []
+    for kind in plan.kinds:
+        parts = []
+        for bi in kind.blocks:
+            block = plan.blocks[bi]
+            rows = [r.to_factor(r.of(get(r.name)), block.heads) for r in block.regions]
+            parts.append(torch.cat(rows, dim=1) if len(rows) > 1 else rows[0])
+        points.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=0))
+    flat = [get(n).reshape(-1) for n in plan.adaptive_names]
+    for name in plan.partial:
+        value = get(name)
+        mask = _mask(plan, name, value.device)
+        flat.append(value.reshape(mask.shape)[mask])
+    w = torch.cat(flat) if flat else torch.zeros(0, dtype=dtype, device=device)
+    return points, w
+
+
+def _split_regions(y: Tensor, block) -> list[Tensor]:
+    """Points ``(..., heads, Σk, h)`` of a block -> its regions ``(..., *region)``."""
+    regions = block.regions
+    parts = torch.split(y, [r.k for r in regions], dim=-2) if len(regions) > 1 else (y,)
+    return [r.from_factor(part) for r, part in zip(regions, parts, strict=True)]
+
+
+def scatter(
+    plan: Plan, params: dict[str, Tensor], points: Sequence[Tensor], w: Tensor | None
+) -> dict[str, Tensor]:
+    """Parameters ``name -> tensor`` from ``points`` and ``w``: the inverse of :func:`gather`."""
+    if len(points) != len(plan.kinds):
+        raise ValueError(f"expected {len(plan.kinds)} point tensors, got {len(points)}")
+    out: dict[str, Tensor] = {}
+    residual: dict[str, Tensor] = {}
+    if w is not None:
+        n_adaptive = sum(plan.adaptive_sizes)
+        if w.shape != (n_adaptive,):
+            raise ValueError(
+                f"the adaptive vector must have shape ({n_adaptive},), got {tuple(w.shape)}"
+            )
+        parts = torch.split(w, plan.adaptive_sizes) if plan.adaptive_sizes else ()
+        names = plan.adaptive_names + tuple(plan.partial)
+        for name, part in zip(names, parts, strict=True):
+            if name in plan.partial:
+                residual[name] = part
+            else:
+                p = params[name]
+                out[name] = part.view(p.shape).to(p.dtype)
+    if plan.stacks is not None:
+        out.update(_scatter_stacked(plan, params, points))
+        return out
+    regions: dict[tuple[int, int], Tensor] = {}
+    for kind, y in zip(plan.kinds, points, strict=True):
+        chunks = torch.split(y, kind.sizes, dim=0) if len(kind.sizes) > 1 else (y,)
+        for bi, chunk in zip(kind.blocks, chunks, strict=True):
+            for j, value in enumerate(_split_regions(chunk, plan.blocks[bi])):
+                regions[bi, j] = value
+    for name, how in plan.assembly.items():
+        p = params[name]
+        values = [regions[piece.block, piece.index] for piece in how.pieces]
+        if isinstance(how, Concat):
+            value = torch.cat(values, dim=how.dim)
+        else:
+            value = p.detach().to(values[0].dtype).reshape(plan.views[name])
+            for piece, region in zip(how.pieces, values, strict=True):
+                (r0, r1), (c0, c1) = piece.region.rows, piece.region.cols
+                if (c0, c1) != (0, value.shape[1]):
+                    region = torch.slice_scatter(value[r0:r1], region, 1, c0, c1)
+                value = torch.slice_scatter(value, region, 0, r0, r1)
+            if name in residual:
+                mask = _mask(plan, name, value.device)
+                value = value.masked_scatter(mask, residual[name].to(value.dtype))
+        out[name] = value.reshape(p.shape).to(p.dtype)
+    return out
+
+
+def _scatter_stacked(plan: Plan, params, points: Sequence[Tensor]) -> dict[str, Tensor]:
+    """Covered parameters of all layers at once (see :class:`~.plan.Stack`)."""
+    regions: dict[tuple[int, int], Tensor] = {}
+    for ki, (kind, y) in enumerate(zip(plan.kinds, points, strict=True)):
+        first = plan.blocks[kind.blocks[0]]
+        y = y.reshape(len(kind.blocks), first.heads, *y.shape[1:])
+        for j, value in enumerate(_split_regions(y, first)):
+            regions[ki, j] = value  # (layers, *region)
+    out = {}
+    for stack in plan.stacks:
+        tensors = [regions[s] for s in stack.sources]
+        value = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=stack.dim + 1)
+        for name, v in zip(stack.names, value.unbind(0), strict=True):
+            p = params[name]
+            out[name] = v.reshape(p.shape).to(p.dtype)
+    return out
