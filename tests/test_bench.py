@@ -1,4 +1,4 @@
-"""The projection benchmark runs at toy sizes and its contenders compute the same projection."""
+"""The benchmarks run at toy sizes, their contenders agree, and the harness interleaves."""
 
 from __future__ import annotations
 
@@ -6,12 +6,27 @@ import json
 
 import pytest
 
+from quotientgeo.bench.timing import interleaved, median_ratio, medians
 from quotientgeo.cli import main
+
+
+def test_harness_warms_up_rotates_and_times_every_round():
+    calls = []
+    contenders = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    samples = interleaved(contenders, rounds=3, warmup=1)
+    # warm-up round, then rounds rotated by one position each
+    assert calls == list("abcbcacababc")
+    assert {k: len(v) for k, v in samples.items()} == {"a": 3, "b": 3, "c": 3}
+    assert all(t >= 0 for v in samples.values() for t in v)
+    assert medians({"a": [3.0, 1.0, 2.0]}) == {"a": 2.0}
+    assert median_ratio([2.0, 9.0, 4.0], [1.0, 3.0, 1.0]) == 3.0  # per-round ratios 2, 3, 4
+    with pytest.raises(ValueError, match="rounds"):
+        interleaved(contenders, rounds=0)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_projection_bench_json(capsys, dtype):
-    argv = ["bench", "projection", "--heads", "3", "--n", "7", "--h", "2", "--repeats", "1"]
+    argv = ["bench", "projection", "--heads", "3", "--n", "7", "--h", "2", "--rounds", "1"]
     assert main([*argv, "--dtype", dtype, "--json", "--pieces"]) == 0
     result = json.loads(capsys.readouterr().out)
     expected = {"scipy_loop_s", "inv_s", "mix_s", "inv_cached_s", "mix_cached_s", "speedup"}
@@ -21,3 +36,25 @@ def test_projection_bench_json(capsys, dtype):
     assert 0 < result["cached_floor_s"] < sum(result["pieces_s"].values())
     # the batched inv projection agrees with the per-head scipy Sylvester loop
     assert result["max_rel_diff_vs_scipy"] < (1e-5 if dtype == "float32" else 1e-12)
+
+
+def test_generic_bench_json(capsys):
+    argv = ["bench", "generic", "--heads", "2", "--n", "6", "--m", "5", "--h", "2"]
+    assert main([*argv, "--rounds", "1", "--dtype", "float64", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert len(result["rows"]) == 8  # 2 metrics × (2 proju + 2 christoffel variants)
+    for row in result["rows"]:
+        assert row["closed_s"] > 0 and row["generic_s"] > 0 and row["ratio"] > 0
+        assert row["rel_err"] < 1e-8  # the closed forms match the generic path
+
+
+def test_sharpness_bench_json(capsys):
+    argv = ["bench", "sharpness", "--layers", "1", "--d", "16", "--heads", "2", "--seq", "3"]
+    assert main([*argv, "--batch", "2", "--extra", "2", "--rounds", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result["ratios"]) == {
+        "geodesic_mix/adaptive",
+        "geodesic_inv/adaptive",
+        "adaptive/floor",
+    }
+    assert result["floor_s"] > 0 and result["config"]["rounds"] == 2

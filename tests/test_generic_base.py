@@ -248,3 +248,15 @@ def test_example_script_runs():
     sharp = [float(line.rsplit(" ", 1)[-1]) for line in lines if "geodesic sharpness" in line]
     assert len(sharp) == 2 and sharp[0] > 0
     assert sharp[0] == pytest.approx(sharp[1], rel=1e-4)  # measured on the model, orbit-invariant
+
+
+def test_generic_path_delegates_primitives_and_precondition():
+    """The generic view uses the manifold's primitives and preconditioner, nothing else."""
+    m = GLQuotient(4, "mix")
+    g = m.generic()
+    x = m.random(2, 7, 3, dtype=DT)
+    r = torch.randn(2, 3, 3, dtype=DT)
+    p = g.at(x)
+    torch.testing.assert_close(g.precondition(p, r), m.precondition(m.at(x), r))
+    assert g.lie_shape(p) == (3, 3) and g.ndim == m.ndim
+    assert g.generic(metric_inv=True).own_metric_inv

@@ -45,6 +45,10 @@ class AdaptiveGeometry(QuotientManifold):
         """``ŵ²``, cached on ``p``."""
         return p.cached("scale_squared", lambda: self.scale(p).square())
 
+    def inverse_scale(self, p: AtPoint) -> Tensor:
+        """``1 / ŵ``, cached on ``p``."""
+        return p.cached("inverse_scale", lambda: self.scale(p).reciprocal())
+
     def lie_shape(self, p: AtPoint) -> tuple[int]:
         return (0,)
 
@@ -64,11 +68,14 @@ class AdaptiveGeometry(QuotientManifold):
         return e * self.scale(p)
 
     def inner(self, x, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False) -> Tensor:
-        """``Σ u v / ŵ²``."""
-        p = self.at(x)
-        self._check_vector(p, u)
-        uv = u.square() if v is None else u * v
-        return self._reduce(uv.div_(self.scale_squared(p)), keepdim)
+        """``Σ u v / ŵ²``; for ``v = u`` the square norm of ``u / ŵ``, in two passes over ``u``
+        (this is the ball norm of adaptive sharpness, on every iteration's hot path)."""
+        p, v = self._pair_at(x, u, v)
+        if v is u:
+            dims = tuple(range(-self.ndim, 0))
+            whitened = u * self.inverse_scale(p)
+            return torch.linalg.vector_norm(whitened, dim=dims, keepdim=keepdim).square()
+        return self._reduce(u * v / self.scale_squared(p), keepdim)
 
     def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
         """``-u ⊙ v / w`` (with ``|w|`` floored, sign kept)."""

@@ -443,8 +443,9 @@ class QuotientManifold(Manifold):
 class GenericPath(QuotientManifold):
     """The quotient of ``manifold`` with every derived method taken from the base class.
 
-    Only the primitives of ``manifold`` (``lie_shape``, ``vertical``, ``metric``, the action
-    and the point checks; ``metric_inv`` too with ``metric_inv=True``) are used, so comparing
+    Only the primitives of ``manifold`` (``lie_shape``, ``vertical``, ``metric``,
+    ``precondition``, the action and the point checks; ``metric_inv`` too with
+    ``metric_inv=True``) are used, so comparing
     ``m.generic().proju(x, u)`` with ``m.proju(x, u)`` checks a closed form against an
     independent computation.
     """
@@ -469,6 +470,9 @@ class GenericPath(QuotientManifold):
         if self.own_metric_inv:
             return self.manifold.metric_inv(p, v)
         return super().metric_inv(p, v)
+
+    def precondition(self, p: AtPoint, r: Tensor) -> Tensor:
+        return self.manifold.precondition(p, r)
 
     def act(self, x: Tensor, g: Tensor) -> Tensor:
         return self.manifold.act(x, g)

@@ -1,7 +1,9 @@
-"""``quotientgeo bench NAME``: benchmarks that report seconds and ratios measured in one run.
+"""``quotientgeo bench projection``: horizontal projection of a BERT-base-sized stack of heads.
 
-Speed targets are checked here, never in unit tests: shared machines are noisy, so every
-benchmark times its contenders back to back in the same process and reports ratios.
+Contenders: a per-head loop of Gram matrices and ``scipy.linalg.solve_sylvester`` (what a user
+writes without this library) against the batched ``GLQuotient`` projections, inv and mix, with
+a fresh and with a cached base point (``m.at(x)``). ``--pieces`` also times every step of the
+inv projection from scratch. All timings come from :func:`.timing.interleaved`.
 """
 
 from __future__ import annotations
@@ -9,43 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
-from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from .linalg import cholesky, gram, mT, solve_sylvester, sylvester_basis
-from .manifolds import GLQuotient
-
-
-def interleaved_medians(
-    fns: dict[str, Callable[[], object]],
-    *,
-    repeats: int = 5,
-    warmup: int = 1,
-    settle: dict[str, float] | None = None,
-) -> dict[str, float]:
-    """Median wall time of each ``fn()`` over ``repeats`` rounds that run every contender once.
-
-    Interleaving spreads the slow spells of a shared machine over all contenders instead of
-    landing on whichever one happened to run then, so ratios from one run are stable; the order
-    rotates between rounds so that no contender always follows the same one.
-    ``settle[name]`` seconds of (untimed) sleep follow each call of ``name``.
-    """
-    settle = settle or {}
-    names = list(fns)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for round_ in range(warmup + repeats):
-        shift = round_ % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            fns[name]()
-            if round_ >= warmup:
-                times[name].append(time.perf_counter() - start)
-            time.sleep(settle.get(name, 0.0))
-    return {name: statistics.median(t) for name, t in times.items()}
+from ..linalg import cholesky, gram, mT, solve_sylvester, sylvester_basis
+from ..manifolds import GLQuotient
+from .timing import interleaved, median_ratio, medians
 
 
 def allocator_setting() -> str:
@@ -85,13 +57,13 @@ def _scipy_projection_loop(x: np.ndarray, u: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def add_projection_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heads", type=int, default=144, help="number of heads (batch)")
     parser.add_argument("--n", type=int, default=769, help="rows of G (and of H)")
     parser.add_argument("--h", type=int, default=64, help="head width")
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     parser.add_argument(
-        "--repeats", type=int, default=9, help="interleaved rounds (medians are reported)"
+        "--rounds", type=int, default=9, help="interleaved rounds (medians are reported)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
@@ -106,7 +78,7 @@ CACHED_FLOOR_STEPS = (
 )
 
 
-def _projection_pieces(m: GLQuotient, x: torch.Tensor, u: torch.Tensor, repeats: int):
+def _projection_pieces(m: GLQuotient, x: torch.Tensor, u: torch.Tensor, rounds: int):
     """Seconds of each step of the inv projection from scratch, and of a fresh allocation."""
     G, H = m.split(x)
     uG, uH = m.split(u)
@@ -117,7 +89,7 @@ def _projection_pieces(m: GLQuotient, x: torch.Tensor, u: torch.Tensor, repeats:
     Lam = mT(solve_sylvester(basis, B))
     reused = torch.empty_like(u)
     a = torch.randn(2048, 2048, dtype=u.dtype)
-    return interleaved_medians(
+    samples = interleaved(
         {
             "Gram matrices P, Q": lambda: (gram(G), gram(H)),
             "Cholesky of P and Q": lambda: (cholesky(P), cholesky(Q)),
@@ -132,11 +104,12 @@ def _projection_pieces(m: GLQuotient, x: torch.Tensor, u: torch.Tensor, repeats:
             "write of a reused tensor of u's size": lambda: reused.fill_(0),
             "reference: one 2048 x 2048 matmul (17.2 GFLOP)": lambda: a @ a,
         },
-        repeats=repeats,
+        rounds=rounds,
     )
+    return medians(samples)
 
 
-def run_projection(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Horizontal projection of a BERT-base-sized stack: scipy loop vs batched inv/mix."""
     dtype = getattr(torch, args.dtype)
     gen = torch.Generator().manual_seed(0)
@@ -154,28 +127,30 @@ def run_projection(args: argparse.Namespace) -> int:
         "allocator": allocator_setting(),
     }
     inv_at, mix_at = inv.at(x), mix.at(x)  # caches fill in the untimed warm-up round
-    result.update(
-        interleaved_medians(
-            {
-                "scipy_loop_s": lambda: _scipy_projection_loop(x_np, u_np, args.n),
-                "inv_s": lambda: inv.proju(x, u),
-                "mix_s": lambda: mix.proju(x, u),
-                "inv_cached_s": lambda: inv_at.proju(u),
-                "mix_cached_s": lambda: mix_at.proju(u),
-            },
-            repeats=args.repeats,
-            # OpenBLAS worker threads keep spinning for a while after numpy's last call and
-            # would steal the cores from the torch contender that runs next
-            settle={"scipy_loop_s": 0.5},
-        )
+    samples = interleaved(
+        {
+            "scipy_loop_s": lambda: _scipy_projection_loop(x_np, u_np, args.n),
+            "inv_s": lambda: inv.proju(x, u),
+            "mix_s": lambda: mix.proju(x, u),
+            "inv_cached_s": lambda: inv.proju(inv_at, u),
+            "mix_cached_s": lambda: mix.proju(mix_at, u),
+        },
+        rounds=args.rounds,
+        # OpenBLAS worker threads keep spinning for a while after numpy's last call and
+        # would steal the cores from the torch contender that runs next
+        settle={"scipy_loop_s": 0.5},
     )
-    result["speedup"] = result["scipy_loop_s"] / result["inv_cached_s"]
-    result["speedup_uncached"] = result["scipy_loop_s"] / result["inv_s"]
-    result["inv_cached_over_mix_cached"] = result["inv_cached_s"] / result["mix_cached_s"]
-    agreement = inv_at.proju(u) - torch.from_numpy(_scipy_projection_loop(x_np, u_np, args.n))
-    result["max_rel_diff_vs_scipy"] = (agreement.norm() / inv_at.proju(u).norm()).item()
+    result.update(medians(samples))
+    result["speedup"] = median_ratio(samples["scipy_loop_s"], samples["inv_cached_s"])
+    result["speedup_uncached"] = median_ratio(samples["scipy_loop_s"], samples["inv_s"])
+    result["inv_cached_over_mix_cached"] = median_ratio(
+        samples["inv_cached_s"], samples["mix_cached_s"]
+    )
+    projected = inv.proju(inv_at, u)
+    agreement = projected - torch.from_numpy(_scipy_projection_loop(x_np, u_np, args.n))
+    result["max_rel_diff_vs_scipy"] = (agreement.norm() / projected.norm()).item()
     if args.pieces:
-        pieces = result["pieces_s"] = _projection_pieces(inv, x, u, args.repeats)
+        pieces = result["pieces_s"] = _projection_pieces(inv, x, u, args.rounds)
         # what a cached projection would cost if writing its result never page-faulted
         result["cached_floor_s"] = sum(pieces[step] for step in CACHED_FLOOR_STEPS)
         result["scipy_over_cached_floor"] = result["scipy_loop_s"] / result["cached_floor_s"]
@@ -208,21 +183,3 @@ def run_projection(args: argparse.Namespace) -> int:
             f"{result['scipy_over_cached_floor']:.1f}x"
         )
     return 0
-
-
-def _lazy(module: str):
-    """``(add_arguments, run)`` of a benchmark living in its own module, imported on use."""
-    import importlib
-
-    mod = importlib.import_module(f"quotientgeo.{module}")
-    return mod.add_arguments, mod.run
-
-
-COMMANDS: dict[str, tuple[Callable, Callable]] = {
-    "projection": (add_projection_arguments, run_projection),
-}
-for _name, _module in (("generic", "bench_generic"), ("sharpness", "bench_sharpness")):
-    try:
-        COMMANDS[_name] = _lazy(_module)
-    except ImportError:  # pragma: no cover - module written by another issue
-        pass

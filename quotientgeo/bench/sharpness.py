@@ -1,0 +1,123 @@
+"""``quotientgeo bench sharpness``: seconds per Auto-PGD iteration against one forward+backward.
+
+The model is a ``layers``-layer transformer classifier
+(:class:`~quotientgeo.testing.TinyTransformerClassifier`, width ``d``, ``heads`` heads,
+feed-forward width ``4d``) on one batch of ``batch × seq`` random inputs. Contenders, timed by
+:func:`.timing.interleaved`:
+
+- ``floor``: one forward pass and ``loss.backward()``;
+- for adaptive sharpness and geodesic sharpness (mix, inv): a run with ``n_iter`` and a run
+  with ``n_iter + extra`` iterations. Per round, seconds per iteration are
+  ``(long - short) / extra``: setup, the base-point factorizations and the last forward pass
+  cancel.
+
+Ratios (``geodesic_mix/adaptive``, ``geodesic_inv/adaptive``, ``adaptive/floor``) are medians
+over rounds of the per-round ratios; seconds are medians over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+
+import torch
+
+from ..sharpness import adaptive_sharpness, geodesic_sharpness
+from ..testing import TinyTransformerClassifier, cross_entropy
+from .timing import interleaved, median_ratio
+
+MEASURES = {
+    "adaptive": (adaptive_sharpness, {}),
+    "geodesic_mix": (geodesic_sharpness, {"metric": "mix"}),
+    "geodesic_inv": (geodesic_sharpness, {"metric": "inv"}),
+}
+RATIOS = {
+    "geodesic_mix/adaptive": ("geodesic_mix", "adaptive"),
+    "geodesic_inv/adaptive": ("geodesic_inv", "adaptive"),
+    "adaptive/floor": ("adaptive", "floor"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--d", type=int, default=256, help="model width")
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--n-iter", type=int, default=2, help="iterations of the short run")
+    parser.add_argument("--extra", type=int, default=8, help="extra iterations of the long run")
+    parser.add_argument("--rounds", type=int, default=12, help="interleaved rounds (medians)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--progress", action="store_true", help="progress bar over rounds")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Time adaptive and geodesic sharpness per Auto-PGD iteration against forward+backward."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    torch.manual_seed(args.seed)
+    model = TinyTransformerClassifier(
+        args.d, args.heads, args.layers, classes=10, dim_feedforward=4 * args.d
+    )
+    model = model.to(device).eval()
+    gen = torch.Generator(device="cpu").manual_seed(args.seed)
+    batch = (
+        torch.randn(args.batch, args.seq, args.d, generator=gen).to(device),
+        torch.randint(0, 10, (args.batch,), generator=gen).to(device),
+    )
+
+    def floor():
+        cross_entropy(model, batch).backward()
+        model.zero_grad(set_to_none=True)
+
+    def measure(name: str, n_iter: int):
+        fn, kw = MEASURES[name]
+        return lambda: fn(
+            model, cross_entropy, [batch], rho=0.05, n_iter=n_iter, progress=False, **kw
+        )
+
+    short, long = args.n_iter, args.n_iter + args.extra
+    contenders = {"floor": floor}
+    for name in MEASURES:
+        contenders[f"{name}@{short}"] = measure(name, short)
+        contenders[f"{name}@{long}"] = measure(name, long)
+    samples = interleaved(contenders, rounds=args.rounds, device=device, progress=args.progress)
+    per_iteration = {"floor": samples["floor"]}
+    for name in MEASURES:
+        per_iteration[name] = [
+            (b - a) / args.extra
+            for a, b in zip(samples[f"{name}@{short}"], samples[f"{name}@{long}"], strict=True)
+        ]
+    out: dict[str, object] = {f"{k}_s": statistics.median(v) for k, v in per_iteration.items()}
+    out["ratios"] = {
+        key: median_ratio(per_iteration[a], per_iteration[b]) for key, (a, b) in RATIOS.items()
+    }
+    out["config"] = {
+        "layers": args.layers,
+        "d": args.d,
+        "heads": args.heads,
+        "seq": args.seq,
+        "batch": args.batch,
+        "n_iter": args.n_iter,
+        "extra": args.extra,
+        "rounds": args.rounds,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"floor (forward+backward): {out['floor_s']:.4f} s")
+    for name in MEASURES:
+        print(f"{name:>13}: {out[f'{name}_s']:.4f} s/iteration")
+    for key, value in out["ratios"].items():
+        print(f"{key:>22}: {value:.3f}")
+    return 0
