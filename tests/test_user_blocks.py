@@ -143,6 +143,9 @@ def test_user_block_is_invariant_along_its_orbits(problem):
         flat_changes.append(abs(flat.value - flat_reference.value) / flat_reference.value)
     # the check can fail: a metric the action does not preserve gives another value
     assert max(flat_changes) > 0.1, flat_changes
+    # and the group is the claimed one: negative scales (outside it) change the function
+    outside = moved_along_orbits(model, scale=-1.0, seed=0, symmetries=user_geometry)
+    assert (outside(x) - model(x)).abs().max() > 1e-3
 
 
 class Normalized(nn.Module):
@@ -186,6 +189,8 @@ def test_scale_blocks_feeding_a_norm_are_measured_and_invariant(perturbation):
         assert not torch.allclose(moved_params["l1.weight"], model.l1.weight)
         value = geodesic_sharpness(moved, mse, batches, symmetries=scale_geometry(moved), **kw)
         assert abs(value.value - reference) < 1e-3 * reference, scale
+    outside = moved_along_orbits(model, scale=-1.0, symmetries=scale_geometry)  # a < 0
+    assert (outside(x) - model(x)).abs().max() > 1e-3
 
 
 def test_blocks_batch_by_manifold_and_shape():
