@@ -228,9 +228,17 @@ class GLQuotient(QuotientManifold):
         value = (W_G * (mT(uG) @ vG)).sum((-2, -1)) + (W_H * (mT(uH) @ vH)).sum((-2, -1))
         return value[..., None, None] if keepdim else value
 
-    def _bilinear(self, p: AtPoint, u: Tensor, v: Tensor, cG, cH) -> Tensor:
-        """``F C_F + u C_u + v C_v`` per factor ``F`` from ``h × h`` coefficients
-        ``c = (C_F, C_u, C_v)`` (``C_v`` unused when ``v is u``), accumulated into one output."""
+    def _christoffel(self, x, u: Tensor, v: Tensor | None, coefficients) -> Tensor:
+        """Closed-form ``Γ(u, v)`` as ``F C_F + u C_u + v C_v`` per factor ``F``, accumulated
+        into one output; ``coefficients(G, H, P⁻¹, Q⁻¹, u_G, u_H, v_G, v_H)`` returns the
+        ``h × h`` coefficients ``((C_G, C_uG, C_vG), (C_H, C_uH, C_vH))`` (``C_v`` unused when
+        ``v is u``)."""
+        p = self.at(x)
+        self._check_vector(p, u)
+        v = u if v is None else v
+        uG, uH = self.split(u)
+        vG, vH = (uG, uH) if v is u else self.split(v)
+        cG, cH = coefficients(*self.split(p), *self.inverses(p), uG, uH, vG, vH)
         out = self._blockwise(u, cG[1], cH[1])
         if v is not u:
             self._blockwise(v, cG[2], cH[2], add=out, into=True)

@@ -59,15 +59,11 @@ class GLInvQuotient(GLQuotient):
 
     def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
         """Symmetric bilinear ``Γ(u, v)``: per factor ``F C_F + u C_u + v C_v`` (:func:`_gamma`)."""
-        p = self.at(x)
-        self._check_vector(p, u)
-        v = u if v is None else v
-        G, H = self.split(p)
-        uG, uH = self.split(u)
-        vG, vH = (uG, uH) if v is u else self.split(v)
-        P_inv, Q_inv = self.inverses(p)
-        cG, cH = _gamma(G, P_inv, uG, vG), _gamma(H, Q_inv, uH, vH)
-        return self._bilinear(p, u, v, cG, cH)
+
+        def coefficients(G, H, P_inv, Q_inv, uG, uH, vG, vH):
+            return _gamma(G, P_inv, uG, vG), _gamma(H, Q_inv, uH, vH)
+
+        return self._christoffel(x, u, v, coefficients)
 
 
 def _gamma(F: Tensor, W_inv: Tensor, u: Tensor, v: Tensor) -> tuple[Tensor, ...]:

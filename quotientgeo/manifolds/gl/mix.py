@@ -66,16 +66,11 @@ class GLMixQuotient(GLQuotient):
 
     def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
         """Symmetric bilinear ``Γ(u, v)``: per factor ``F C_F + u C_u + v C_v`` (:func:`_gamma`)."""
-        p = self.at(x)
-        self._check_vector(p, u)
-        v = u if v is None else v
-        G, H = self.split(p)
-        uG, uH = self.split(u)
-        vG, vH = (uG, uH) if v is u else self.split(v)
-        P_inv, Q_inv = self.inverses(p)
-        cG = _gamma(Q_inv, uG, vG, H, uH, vH)
-        cH = _gamma(P_inv, uH, vH, G, uG, vG)
-        return self._bilinear(p, u, v, cG, cH)
+
+        def coefficients(G, H, P_inv, Q_inv, uG, uH, vG, vH):
+            return _gamma(Q_inv, uG, vG, H, uH, vH), _gamma(P_inv, uH, vH, G, uG, vG)
+
+        return self._christoffel(x, u, v, coefficients)
 
 
 def _gamma(
