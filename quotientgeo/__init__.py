@@ -16,6 +16,7 @@ from .manifolds import (
     RescaleInvQuotient,
     RescaleMixQuotient,
     RescaleQuotient,
+    RotaryGLQuotient,
     ScaleQuotient,
 )
 from .sharpness import SharpnessResult, adaptive_sharpness, average_sharpness, geodesic_sharpness
@@ -34,6 +35,7 @@ __all__ = [
     "RescaleInvQuotient",
     "RescaleMixQuotient",
     "RescaleQuotient",
+    "RotaryGLQuotient",
     "ScaleQuotient",
     "SharpnessResult",
     "Source",

@@ -7,6 +7,7 @@ number, so that the same property is checked at the same strictness in float32 a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -247,3 +248,61 @@ def tiny_bert(dtype=torch.float64, **overrides):
     )
     torch.manual_seed(0)
     return transformers.BertModel(config).to(dtype).eval()
+
+
+def assert_roundtrip_exact(geometry):
+    """Scatter of the gathered points rebuilds every parameter bit-exactly, and the
+    layer-batched scatter agrees with the per-block one."""
+    points, w = geometry.gather()
+    out = geometry.scatter(points, w)
+    assert set(out) == set(geometry.params)
+    for name, p in geometry.params.items():
+        assert out[name].dtype == p.dtype and out[name].shape == p.shape
+        assert torch.equal(out[name], p), name
+    if geometry.plan.stacks is not None:  # the layer-batched and the per-block paths agree
+        plan = geometry.plan
+        try:
+            moved = [x + torch.randn_like(x) for x in points]
+            geometry._plan = dataclasses.replace(plan, stacks=None)
+            per_block = geometry.scatter(moved, w)
+        finally:
+            geometry._plan = plan
+        for name, value in geometry.scatter(moved, w).items():
+            assert torch.equal(value, per_block[name]), name
+
+
+def relative_change(a: float, b: float) -> float:
+    return abs(a - b) / abs(b)
+
+
+def assert_sharpness_invariance(
+    model, loss_fn, batches, outputs, *, rho, n_iter, scales, output_tol=None, adaptive_min
+):
+    """Moving ``model`` along its orbits (``moved_along_orbits`` with each of ``scales``) keeps
+    ``outputs(model)`` (to ``output_tol``, default float64 exact) and geodesic sharpness for
+    both metrics (to 1e-3 relative), while adaptive sharpness changes by more than
+    ``adaptive_min`` relative for at least one scale."""
+    from quotientgeo import adaptive_sharpness, geodesic_sharpness
+    from quotientgeo.testing import moved_along_orbits
+
+    def measures(m):
+        kw = dict(rho=rho, n_iter=n_iter, progress=False)
+        return {
+            "mix": geodesic_sharpness(m, loss_fn, batches, metric="mix", **kw).value,
+            "inv": geodesic_sharpness(m, loss_fn, batches, metric="inv", **kw).value,
+            "adaptive": adaptive_sharpness(m, loss_fn, batches, **kw).value,
+        }
+
+    tolerance = dict(rtol=1e-9, atol=1e-10) if output_tol is None else output_tol
+    reference = measures(model)
+    assert all(v > 0 for v in reference.values())
+    adaptive_changes = []
+    for i, scale in enumerate(scales):
+        moved = moved_along_orbits(model, scale=scale, seed=i)
+        torch.testing.assert_close(outputs(moved), outputs(model), **tolerance)
+        values = measures(moved)
+        for metric in ("mix", "inv"):
+            change = relative_change(values[metric], reference[metric])
+            assert change < 1e-3, (scale, metric, values, reference)
+        adaptive_changes.append(relative_change(values["adaptive"], reference["adaptive"]))
+    assert max(adaptive_changes) > adaptive_min, adaptive_changes

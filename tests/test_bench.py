@@ -30,6 +30,7 @@ def test_projection_bench_json(capsys, dtype):
     assert main([*argv, "--dtype", dtype, "--json", "--pieces"]) == 0
     result = json.loads(capsys.readouterr().out)
     expected = {"scipy_loop_s", "inv_s", "mix_s", "inv_cached_s", "mix_cached_s", "speedup"}
+    expected |= {"rotary_mix_s", "rotary_mix_cached_s", "rotary_mix_cached_over_mix_cached"}
     assert expected <= result.keys()
     assert all(result[key] > 0 for key in expected)
     assert len(result["pieces_s"]) == 10

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import warnings
 from unittest import mock
 
 import pytest
 import torch
-from conftest import tiny_bert
+from conftest import assert_roundtrip_exact, tiny_bert
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -17,7 +16,7 @@ from torch import nn
 from quotientgeo.geometry import ParameterGeometry, Source, find_symmetries
 from quotientgeo.geometry.plan import build_plan
 from quotientgeo.manifolds import GLQuotient, RescaleQuotient
-from quotientgeo.testing import move_along_orbits_
+from quotientgeo.testing import move_along_orbits_, moved_along_orbits
 
 DT = torch.float64
 
@@ -44,25 +43,6 @@ def act_through_geometry(model, geometry, group_elements, metric="mix"):
 
 def is_gl(kind):
     return isinstance(kind.manifold, GLQuotient)
-
-
-def assert_roundtrip_exact(geometry):
-    points, w = geometry.gather()
-    out = geometry.scatter(points, w)
-    assert set(out) == set(geometry.params)
-    for name, p in geometry.params.items():
-        assert out[name].dtype == p.dtype and out[name].shape == p.shape
-        assert torch.equal(out[name], p), name
-    if geometry.plan.stacks is not None:  # the layer-batched and the per-block paths agree
-        plan = geometry.plan
-        try:
-            moved = [x + torch.randn_like(x) for x in points]
-            geometry._plan = dataclasses.replace(plan, stacks=None)
-            per_block = geometry.scatter(moved, w)
-        finally:
-            geometry._plan = plan
-        for name, value in geometry.scatter(moved, w).items():
-            assert torch.equal(value, per_block[name]), name
 
 
 def encoder(d=32, heads=4, layers=2, seed=0, **kw):
@@ -203,57 +183,75 @@ def test_bert_mapping_and_symmetry():
 
 
 class ProjAttention(nn.Module):
-    """Minimal ``q_proj``/``k_proj``/``v_proj``/``o_proj`` attention (BART/OPT/Llama naming)."""
+    """Minimal ``q_proj``/``k_proj``/``v_proj``/``o_proj`` attention (BART/OPT/Llama naming),
+    optionally grouped-query (``kv_heads``) and with a per-head LayerNorm on q and k."""
 
-    def __init__(self, d=12, num_heads=3, rotary=False, qk_norm=False, kv_heads=None):
+    def __init__(self, d=12, num_heads=3, rotary=False, qk_norm=False, kv_heads=None, pos=None):
         super().__init__()
         self.num_heads, self.head_dim = num_heads, d // num_heads
-        kv = kv_heads or num_heads
+        self.kv = kv_heads or num_heads
         if kv_heads is not None:
             self.num_key_value_heads = kv_heads
+        if pos is not None:
+            self.position_embedding_type = pos
         self.q_proj = nn.Linear(d, d)
-        self.k_proj = nn.Linear(d, kv * self.head_dim)
-        self.v_proj = nn.Linear(d, kv * self.head_dim)
+        self.k_proj = nn.Linear(d, self.kv * self.head_dim)
+        self.v_proj = nn.Linear(d, self.kv * self.head_dim)
         self.o_proj = nn.Linear(d, d, bias=False)
         if rotary:
             self.rotary_emb = nn.Identity()
         if qk_norm:
-            self.q_norm = nn.LayerNorm(self.head_dim)
+            self.q_norm = nn.LayerNorm(self.head_dim, eps=0.0)
+            self.k_norm = nn.LayerNorm(self.head_dim, eps=0.0)
 
     def forward(self, x):
         B, T, _ = x.shape
-        split = lambda t: t.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # noqa: E731
-        q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
+        split = lambda t, n: t.view(B, T, n, self.head_dim).transpose(1, 2)  # noqa: E731
+        q = split(self.q_proj(x), self.num_heads)
+        k, v = split(self.k_proj(x), self.kv), split(self.v_proj(x), self.kv)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        r = self.num_heads // self.kv
+        k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
         out = torch.softmax(q @ k.transpose(-1, -2) / self.head_dim**0.5, -1) @ v
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
-def test_proj_style_attention_symmetry():
+@pytest.mark.parametrize(
+    ("kwargs", "shapes"),
+    [
+        ({}, {(13 + 13, 4), (13 + 12, 4)}),
+        # grouped: each of the 2 key/value heads serves 2 query heads (rows stacked in G / H)
+        ({"d": 16, "num_heads": 4, "kv_heads": 2}, {(2 * 17 + 17, 4), (17 + 2 * 16, 4)}),
+        # q/k normed: positive scales of each query and each key head, GL VO pair
+        ({"qk_norm": True}, {(13, 4), (13 + 12, 4)}),
+    ],
+)
+def test_proj_style_attention_symmetry(kwargs, shapes):
     torch.manual_seed(1)
-    model = nn.Sequential(ProjAttention(), nn.ReLU(), ProjAttention()).to(DT)
-    geometry = find_symmetries(model)
-    assert len(geometry.kinds) == 2 and geometry.n_heads == 12
-    x = torch.randn(2, 5, 12, dtype=DT)
+    model = nn.Sequential(ProjAttention(**kwargs), nn.ReLU(), ProjAttention(**kwargs)).to(DT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        geometry = find_symmetries(model)
+    assert {k.shape for k in geometry.kinds} == shapes
+    d = kwargs.get("d", 12)
+    x = torch.randn(2, 5, d, dtype=DT)
     before = model(x)
     act_through_geometry(model, geometry, random_group_elements(geometry, 5.0))
     torch.testing.assert_close(model(x), before, rtol=1e-9, atol=1e-9)
+    moved = moved_along_orbits(model, scale=3.0, seed=2)
+    torch.testing.assert_close(moved(x), before, rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
-    [({"rotary": True}, "rotary"), ({"qk_norm": True}, "per-head norm (q_norm)")],
+    [({"rotary": True}, "rotary"), ({"pos": "relative_key"}, "position_embedding_type")],
 )
 def test_qk_pair_left_adaptive_with_warning(kwargs, needle):
-    with pytest.warns(UserWarning, match=needle.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.warns(UserWarning, match=needle):
         geometry = find_symmetries(ProjAttention(**kwargs))
     assert [b.label for b in geometry.blocks] == ["ProjAttention.VO"]
     assert "q_proj.weight" in geometry.adaptive_names
-
-
-def test_grouped_query_attention_warns():
-    with pytest.warns(UserWarning, match="grouped-query"):
-        geometry = find_symmetries(ProjAttention(d=12, num_heads=4, kv_heads=2))
-    assert not geometry.blocks
 
 
 def test_no_warning_for_plain_models():

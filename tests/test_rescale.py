@@ -162,9 +162,10 @@ def test_expmap2_third_order(case, horizontal):
     which still rules out a second-order error (ratio 4)."""
     m, x, u, _, _ = case
     u = m.proju(x, u) if horizontal else u
-    # per batch entry max |u / x| = 1, so the t³ term dominates float32 rounding at t/2
+    # per batch entry max |u / x| = 1, so the t³ term dominates float32 rounding at t/2; in
+    # float64 a smaller t keeps the t⁴ term (which can oppose the t³ one) out of the ratio
     u = u / (u / x).abs().amax(dim=(-2, -1), keepdim=True)
-    t = 0.05 if x.dtype == torch.float64 else 0.1
+    t = 0.02 if x.dtype == torch.float64 else 0.1
     errs = [
         torch.linalg.vector_norm(
             m.expmap2(x, s * u).double() - m.expmap(x.double(), s * u.double()), dim=(-2, -1)

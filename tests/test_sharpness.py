@@ -12,7 +12,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_bert
+from conftest import assert_sharpness_invariance, relative_change, tiny_bert
 from scipy.optimize import brentq
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
@@ -46,10 +46,6 @@ def reparametrise(model, scale, seed=0):
     return moved_along_orbits(model, scale=scale, seed=seed)
 
 
-def relative_change(a, b):
-    return abs(a - b) / abs(b)
-
-
 # ---------------------------------------------------------------------- 1. invariance
 Classifier = functools.partial(TinyTransformerClassifier, dropout=0.1)
 classification_loss = cross_entropy
@@ -67,29 +63,9 @@ def transformer_problem():
 
 
 def invariance_check(model, loss_fn, batches, outputs, rho, n_iter):
-    def measures(m):
-        kw = dict(rho=rho, n_iter=n_iter, progress=False)
-        return {
-            "mix": geodesic_sharpness(m, loss_fn, batches, metric="mix", **kw).value,
-            "inv": geodesic_sharpness(m, loss_fn, batches, metric="inv", **kw).value,
-            "adaptive": adaptive_sharpness(m, loss_fn, batches, **kw).value,
-        }
-
-    reference = measures(model)
-    assert all(v > 0 for v in reference.values())
-    adaptive_changes = []
-    for i, scale in enumerate(SCALES):
-        moved = reparametrise(model, scale, seed=i)
-        torch.testing.assert_close(outputs(moved), outputs(model), rtol=1e-9, atol=1e-10)
-        values = measures(moved)
-        for metric in ("mix", "inv"):
-            assert relative_change(values[metric], reference[metric]) < 1e-3, (
-                scale,
-                metric,
-                values,
-            )
-        adaptive_changes.append(relative_change(values["adaptive"], reference["adaptive"]))
-    assert max(adaptive_changes) > 0.10, adaptive_changes
+    assert_sharpness_invariance(
+        model, loss_fn, batches, outputs, rho=rho, n_iter=n_iter, scales=SCALES, adaptive_min=0.1
+    )
 
 
 def test_invariance_transformer_encoder(transformer_problem):

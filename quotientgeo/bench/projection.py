@@ -2,7 +2,8 @@
 
 Contenders: a per-head loop of Gram matrices and ``scipy.linalg.solve_sylvester`` (what a user
 writes without this library) against the batched ``GLQuotient`` projections, inv and mix, with
-a fresh and with a cached base point (``m.at(x)``). ``--pieces`` also times every step of the
+a fresh and with a cached base point (``m.at(x)``), and the mix projection of the rotary
+subgroup (``RotaryGLQuotient``, closed form). ``--pieces`` also times every step of the
 inv projection from scratch. All timings come from :func:`.timing.interleaved`.
 """
 
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 
 from ..linalg import cholesky, gram, mT, solve_sylvester, sylvester_basis
-from ..manifolds import GLQuotient
+from ..manifolds import GLQuotient, RotaryGLQuotient
 from .timing import interleaved, median_ratio, medians
 
 
@@ -62,6 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n", type=int, default=769, help="rows of G (and of H)")
     parser.add_argument("--h", type=int, default=64, help="head width")
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    parser.add_argument(
+        "--rotary-dims",
+        type=int,
+        default=None,
+        help="rotated coordinates of the rotary contender (default: all h)",
+    )
     parser.add_argument(
         "--rounds", type=int, default=9, help="interleaved rounds (medians are reported)"
     )
@@ -116,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
     x = torch.randn(args.heads, 2 * args.n, args.h, generator=gen, dtype=dtype)
     u = torch.randn(args.heads, 2 * args.n, args.h, generator=gen, dtype=dtype)
     inv, mix = GLQuotient(args.n, "inv"), GLQuotient(args.n, "mix")
+    rotary = RotaryGLQuotient(args.n, "mix", rotary_dims=args.rotary_dims)
     x_np, u_np = x.numpy(), u.numpy()
     result: dict[str, object] = {
         "heads": args.heads,
@@ -125,8 +133,10 @@ def run(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "threads": torch.get_num_threads(),
         "allocator": allocator_setting(),
+        "rotary_dims": args.rotary_dims,
     }
-    inv_at, mix_at = inv.at(x), mix.at(x)  # caches fill in the untimed warm-up round
+    # caches fill in the untimed warm-up round
+    inv_at, mix_at, rotary_at = inv.at(x), mix.at(x), rotary.at(x)
     samples = interleaved(
         {
             "scipy_loop_s": lambda: _scipy_projection_loop(x_np, u_np, args.n),
@@ -134,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
             "mix_s": lambda: mix.proju(x, u),
             "inv_cached_s": lambda: inv.proju(inv_at, u),
             "mix_cached_s": lambda: mix.proju(mix_at, u),
+            "rotary_mix_s": lambda: rotary.proju(x, u),
+            "rotary_mix_cached_s": lambda: rotary.proju(rotary_at, u),
         },
         rounds=args.rounds,
         # OpenBLAS worker threads keep spinning for a while after numpy's last call and
@@ -145,6 +157,10 @@ def run(args: argparse.Namespace) -> int:
     result["speedup_uncached"] = median_ratio(samples["scipy_loop_s"], samples["inv_s"])
     result["inv_cached_over_mix_cached"] = median_ratio(
         samples["inv_cached_s"], samples["mix_cached_s"]
+    )
+    result["rotary_mix_over_mix"] = median_ratio(samples["rotary_mix_s"], samples["mix_s"])
+    result["rotary_mix_cached_over_mix_cached"] = median_ratio(
+        samples["rotary_mix_cached_s"], samples["mix_cached_s"]
     )
     projected = inv.proju(inv_at, u)
     agreement = projected - torch.from_numpy(_scipy_projection_loop(x_np, u_np, args.n))
@@ -168,9 +184,16 @@ def run(args: argparse.Namespace) -> int:
             ("mix, batched", f"{result['mix_s']:.4f} s"),
             ("inv, cached base point", f"{result['inv_cached_s']:.4f} s"),
             ("mix, cached base point", f"{result['mix_cached_s']:.4f} s"),
+            ("rotary subgroup, mix, batched", f"{result['rotary_mix_s']:.4f} s"),
+            ("rotary subgroup, mix, cached base point", f"{result['rotary_mix_cached_s']:.4f} s"),
             ("scipy / inv  (target >= 4)", f"{result['speedup_uncached']:.1f}x"),
             ("scipy / inv cached  (target >= 8)", f"{result['speedup']:.1f}x"),
             ("inv cached / mix cached  (<= 1.3)", f"{result['inv_cached_over_mix_cached']:.2f}"),
+            ("rotary mix / mix", f"{result['rotary_mix_over_mix']:.2f}"),
+            (
+                "rotary mix cached / mix cached",
+                f"{result['rotary_mix_cached_over_mix_cached']:.2f}",
+            ),
             ("relative difference to scipy", f"{result['max_rel_diff_vs_scipy']:.1e}"),
         ]
     )

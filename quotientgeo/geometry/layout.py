@@ -15,7 +15,7 @@ from torch import nn
 
 Tensor = torch.Tensor
 
-__all__ = ["Layout", "Region", "Source"]
+__all__ = ["Layout", "Region", "Source", "View"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,17 @@ class Source:
       ``len(cols)`` rows of its factor. A bias ``b`` (``axis=0``) contributes one row ``b_i``.
     - ``axis=1`` (an output projection ``W_o[:, head columns]``): the region's columns are the
       heads' features; head ``i`` contributes ``V[rows, cols][:, i·h:(i+1)·h]``.
+
+    ``group=r`` stacks ``r`` consecutive heads of the region into one point (grouped-query
+    attention: the ``r`` query heads that share a key/value head): the region then holds
+    ``heads·r·h`` features and head ``g`` contributes the parts of heads ``g·r, …, g·r+r-1``,
+    stacked along rows (``r·len(cols)`` rows for ``axis=0``).
+
+    ``interleave=(units, parts)`` reads the parameter with its view's rows regrouped from
+    ``(units, parts, rest)`` order to ``(parts, units, rest)``: GPT-NeoX's ``query_key_value``
+    holds ``[q_i; k_i; v_i]`` per head ``i`` and, with ``interleave=(heads, 3)``, is seen as
+    ``[q; k; v]`` so that ``rows`` selects the query rows of every head. All sources on one
+    parameter must view it alike.
     """
 
     param: str
@@ -38,6 +49,37 @@ class Source:
     rows: tuple[int, int] | None = None
     cols: tuple[int, int] | None = None
     view: tuple[int, int] | None = None
+    group: int = 1
+    interleave: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class View:
+    """How a parameter is seen as a matrix: ``shape`` ``(R, C)``, rows optionally regrouped
+    (``interleave=(units, parts)``: ``(units, parts, rest)`` order becomes ``(parts, units,
+    rest)``, a permutation of the rows)."""
+
+    shape: tuple[int, int]
+    interleave: tuple[int, int] | None = None
+
+    def matrix(self, param: Tensor) -> Tensor:
+        """``param`` as the ``(R, C)`` matrix (a view unless rows are regrouped)."""
+        m = param.reshape(self.shape)
+        if self.interleave is None:
+            return m
+        units, parts = self.interleave
+        R, C = self.shape
+        return m.reshape(units, parts, R // (units * parts), C).transpose(0, 1).reshape(R, C)
+
+    def restore(self, matrix: Tensor) -> Tensor:
+        """Inverse of :meth:`matrix` for ``(..., R, C)``: the parameter's entries in its own order
+        (reshape the result to the parameter's shape)."""
+        if self.interleave is None:
+            return matrix
+        units, parts = self.interleave
+        *lead, R, C = matrix.shape
+        m = matrix.reshape(*lead, parts, units, R // (units * parts), C)
+        return m.transpose(-4, -3).reshape(*lead, R, C)
 
 
 @dataclass(frozen=True)
@@ -49,32 +91,45 @@ class Region:
 
     source: Source
     name: str  # canonical parameter name
-    view: tuple[int, int]
+    view: View
     rows: tuple[int, int]
     cols: tuple[int, int]
-    k: int  # factor rows per head
+    k: int  # factor rows per head (group · rows or columns of the region)
     width: int  # head width h
 
     @property
     def axis(self) -> int:
         return self.source.axis
 
+    @property
+    def group(self) -> int:
+        return self.source.group
+
     def of(self, param: Tensor) -> Tensor:
-        """The region of ``param`` (a view)."""
-        return param.reshape(self.view)[self.rows[0] : self.rows[1], self.cols[0] : self.cols[1]]
+        """The region of ``param``."""
+        m = self.view.matrix(param)
+        return m[self.rows[0] : self.rows[1], self.cols[0] : self.cols[1]]
 
     def to_factor(self, region: Tensor, heads: int) -> Tensor:
-        """Region ``(heads·h, k)`` (axis 0) or ``(k, heads·h)`` (axis 1) -> ``(heads, k, h)``."""
+        """Region ``(heads·r·h, c)`` (axis 0) or ``(c, heads·r·h)`` (axis 1) -> ``(heads, k, h)``
+        with ``k = r·c`` (``r`` the group)."""
+        r, h = self.group, self.width
         if self.axis == 0:
-            return region.reshape(heads, -1, region.shape[1]).transpose(1, 2)
-        return region.reshape(region.shape[0], heads, -1).permute(1, 0, 2)
+            c = region.shape[1]
+            parts = region.reshape(heads, r, h, c).transpose(-1, -2)
+        else:
+            c = region.shape[0]
+            parts = region.reshape(c, heads, r, h).permute(1, 2, 0, 3)
+        return parts.reshape(heads, r * c, h)
 
     def from_factor(self, piece: Tensor) -> Tensor:
         """Inverse of :meth:`to_factor`: ``(..., heads, k, h)`` -> ``(..., *region)``."""
         *lead, heads, k, h = piece.shape
+        r = self.group
+        parts = piece.reshape(*lead, heads, r, k // r, h)
         if self.axis == 0:
-            return piece.transpose(-1, -2).reshape(*lead, heads * h, k)
-        return piece.movedim(-2, -3).reshape(*lead, k, heads * h)
+            return parts.transpose(-1, -2).reshape(*lead, heads * r * h, k // r)
+        return parts.movedim(-2, -4).reshape(*lead, k // r, heads * r * h)
 
 
 class Layout:
@@ -93,7 +148,7 @@ class Layout:
         self.canonical = {name: canonical[id(p)] for name, p in self.all.items()}
         self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
         self.coverage: dict[str, Tensor] = {}
-        self.views: dict[str, tuple[int, int]] = {}
+        self.views: dict[str, View] = {}
 
     def resolve(self, src: Source, heads: int, label: str) -> Region:
         """The region of ``src`` for a block of ``heads`` heads named ``label``."""
@@ -120,6 +175,19 @@ class Layout:
                 f"{label}: parameter {name!r} has shape {tuple(p.shape)}; "
                 "give Source(view=(rows, cols))"
             )
+        if src.interleave is not None:
+            units, parts = (int(v) for v in src.interleave)
+            if units < 1 or parts < 1 or view[0] % (units * parts):
+                raise ValueError(
+                    f"{label}: interleave {src.interleave} does not split the {view[0]} rows of "
+                    f"{name!r}"
+                )
+            arranged = View(view, (units, parts))
+        else:
+            arranged = View(view)
+        group = src.group
+        if not isinstance(group, int) or isinstance(group, bool) or group < 1:
+            raise ValueError(f"{label}: Source.group must be a positive int, got {group!r}")
 
         def bounds(span, size, what):
             start, stop = (0, size) if span is None else (int(span[0]), int(span[1]))
@@ -134,11 +202,12 @@ class Layout:
             raise ValueError(f"{label}: Source.axis must be 0 or 1, got {src.axis}")
         R, C = rows[1] - rows[0], cols[1] - cols[0]
         features, k = (R, C) if src.axis == 0 else (C, R)
-        if features % heads:
+        if features % (heads * group):
+            what = f"{heads} heads" + (f" of {group} grouped heads" if group > 1 else "")
             raise ValueError(
-                f"{label}: {features} head features of {name!r} do not split into {heads} heads"
+                f"{label}: {features} head features of {name!r} do not split into {what}"
             )
-        return Region(src, name, view, rows, cols, k, features // heads)
+        return Region(src, name, arranged, rows, cols, group * k, features // (heads * group))
 
     def claim(self, regions: tuple[Region, ...], label: str) -> None:
         """Mark ``regions`` as covered, or raise with nothing marked."""
@@ -149,7 +218,7 @@ class Layout:
             for r in regions:
                 mask = self.coverage.get(r.name)
                 if mask is None:
-                    mask = self.coverage[r.name] = torch.zeros(r.view, dtype=torch.bool)
+                    mask = self.coverage[r.name] = torch.zeros(r.view.shape, dtype=torch.bool)
                     new_masks.append(r.name)
                 area = mask[r.rows[0] : r.rows[1], r.cols[0] : r.cols[1]]
                 if bool(area.any()):

@@ -115,12 +115,17 @@ class ParameterGeometry:
         belong to the heads. Returns ``self``.
         """
         label = label or f"GL pair {len(self.blocks)}"
+        n = self.rows(g, heads=heads, label=label)
+        return self.add(GLQuotient(n, "mix"), g, h, heads=heads, label=label)
+
+    def rows(self, factor, *, heads: int = 1, label: str = "factor") -> int:
+        """Rows ``k_f`` of one head's part of ``factor`` (a name, Source or list of them):
+        ``n`` of a pair quotient whose ``G`` is this factor."""
         try:
             heads = positive_int("heads", heads)
         except ValueError as err:
             raise ValueError(f"{label}: {err}") from None
-        n = sum(self.layout.resolve(s, heads, label).k for s in as_sources(g))
-        return self.add(GLQuotient(n, "mix"), g, h, heads=heads, label=label)
+        return sum(self.layout.resolve(s, heads, label).k for s in as_sources(factor))
 
     def add_rescale_pair(self, u, v, *, label: str | None = None) -> ParameterGeometry:
         """Declare an element-wise re-scaling pair ``(u, v) ~ (α u, v / α)`` (``β = u ⊙ v``).

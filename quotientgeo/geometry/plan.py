@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..manifolds import QuotientManifold
-from .layout import Layout, Region, Source
+from .layout import Layout, Region, Source, View
 
 Tensor = torch.Tensor
 
@@ -41,7 +41,9 @@ class Block:
 
     def layout_key(self) -> tuple:
         """Equal for blocks that read the same regions of same-shaped parameters."""
-        return self.heads, tuple((r.axis, r.k, r.rows, r.cols, r.view) for r in self.regions)
+        return self.heads, tuple(
+            (r.axis, r.group, r.k, r.rows, r.cols, r.view) for r in self.regions
+        )
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,8 @@ class Kind:
         return sum(self.sizes)
 
     def describe(self) -> str:
-        return f"{self.manifold!r}, point {(self.batch, *self.shape)}"
+        group = self.manifold.group_name(self.shape)
+        return f"{group} on {self.manifold!r}, point {(self.batch, *self.shape)}"
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,7 @@ class Plan:
     adaptive_names: tuple[str, ...]
     partial: dict[str, Tensor]
     adaptive_sizes: tuple[int, ...]
-    views: dict[str, tuple[int, int]]
+    views: dict[str, View]
 
 
 def build_plan(layout: Layout, blocks: list[Block]) -> Plan:
@@ -147,7 +150,7 @@ def build_plan(layout: Layout, blocks: list[Block]) -> Plan:
             pieces.setdefault(region.name, []).append(Piece(bi, j, region))
     assembly: dict[str, Concat | Patch] = {}
     for name, ps in pieces.items():
-        view = layout.views[name]
+        view = layout.views[name].shape
         by_rows = sorted(ps, key=lambda p: p.region.rows)
         by_cols = sorted(ps, key=lambda p: p.region.cols)
         if name not in partial and _tiles(by_rows, 0, view):

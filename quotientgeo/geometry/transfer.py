@@ -44,7 +44,7 @@ def gather(plan: Plan, params: dict[str, Tensor], dtype: torch.dtype, device) ->
     for name in plan.partial:
         value = get(name)
         mask = _mask(plan, name, value.device)
-        flat.append(value.reshape(mask.shape)[mask])
+        flat.append(plan.views[name].matrix(value)[mask])
     w = torch.cat(flat) if flat else torch.zeros(0, dtype=dtype, device=device)
     return points, w
 
@@ -93,7 +93,7 @@ def scatter(
         if isinstance(how, Concat):
             value = torch.cat(values, dim=how.dim)
         else:
-            value = p.detach().to(values[0].dtype).reshape(plan.views[name])
+            value = plan.views[name].matrix(p.detach().to(values[0].dtype))
             for piece, region in zip(how.pieces, values, strict=True):
                 (r0, r1), (c0, c1) = piece.region.rows, piece.region.cols
                 if (c0, c1) != (0, value.shape[1]):
@@ -102,7 +102,7 @@ def scatter(
             if name in residual:
                 mask = _mask(plan, name, value.device)
                 value = value.masked_scatter(mask, residual[name].to(value.dtype))
-        out[name] = value.reshape(p.shape).to(p.dtype)
+        out[name] = plan.views[name].restore(value).reshape(p.shape).to(p.dtype)
     return out
 
 
@@ -118,6 +118,7 @@ def _scatter_stacked(plan: Plan, params, points: Sequence[Tensor]) -> dict[str, 
     for stack in plan.stacks:
         tensors = [regions[s] for s in stack.sources]
         value = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=stack.dim + 1)
+        value = plan.views[stack.names[0]].restore(value)
         for name, v in zip(stack.names, value.unbind(0), strict=True):
             p = params[name]
             out[name] = v.reshape(p.shape).to(p.dtype)

@@ -2,7 +2,13 @@
 
 from .adaptive import AdaptiveGeometry
 from .base import AtPoint, GenericPath, QuotientManifold
-from .gl import GLInvQuotient, GLMixQuotient, GLQuotient, InterpolatedGLQuotient
+from .gl import (
+    GLInvQuotient,
+    GLMixQuotient,
+    GLQuotient,
+    InterpolatedGLQuotient,
+    RotaryGLQuotient,
+)
 from .rescale import RescaleInvQuotient, RescaleMixQuotient, RescaleQuotient
 from .scale import ScaleQuotient
 
@@ -18,5 +24,6 @@ __all__ = [
     "RescaleInvQuotient",
     "RescaleMixQuotient",
     "RescaleQuotient",
+    "RotaryGLQuotient",
     "ScaleQuotient",
 ]

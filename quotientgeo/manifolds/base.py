@@ -170,6 +170,10 @@ class QuotientManifold(Manifold):
             return torch.linalg.matrix_exp(omega).mul_(scale)
         return omega.exp_().mul_(scale)
 
+    def group_name(self, shape: tuple[int, ...]) -> str:
+        """Readable name of the symmetry group acting on points of ``shape`` (for summaries)."""
+        return f"the group of {type(self).__name__}"
+
     def with_metric(self, metric: str | float, *, eps: float | None = None) -> QuotientManifold:
         """This quotient with the metric named by ``metric`` (sharpness's ``metric=`` switch).
 

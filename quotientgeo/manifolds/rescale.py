@@ -51,6 +51,9 @@ class RescaleQuotient(QuotientManifold):
     def extra_repr(self) -> str:
         return f"metric={self.metric_name!r}"
 
+    def group_name(self, shape) -> str:
+        return f"GL(1)^{shape[-1]}"
+
     def with_metric(self, metric: str | float, *, eps: float | None = None) -> RescaleQuotient:
         """``RescaleQuotient(metric)`` (``eps`` does not apply)."""
         return RescaleQuotient(metric, exp_steps=self.exp_steps)

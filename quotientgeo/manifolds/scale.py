@@ -57,6 +57,9 @@ class ScaleQuotient(QuotientManifold):
     def extra_repr(self) -> str:
         return f"ndim={self.ndim}"
 
+    def group_name(self, shape) -> str:
+        return "positive scale R>0"
+
     def _check_shape(self, shape, name):
         if len(shape) < self.ndim:
             return False, (

@@ -4,5 +4,12 @@ from .base import GLQuotient
 from .interpolated import InterpolatedGLQuotient
 from .inv import GLInvQuotient
 from .mix import GLMixQuotient
+from .rotary import RotaryGLQuotient
 
-__all__ = ["GLInvQuotient", "GLMixQuotient", "GLQuotient", "InterpolatedGLQuotient"]
+__all__ = [
+    "GLInvQuotient",
+    "GLMixQuotient",
+    "GLQuotient",
+    "InterpolatedGLQuotient",
+    "RotaryGLQuotient",
+]

@@ -107,6 +107,9 @@ class GLQuotient(QuotientManifold):
             dense_max=self.dense_max,
         )
 
+    def group_name(self, shape) -> str:
+        return f"GL({shape[-1]})"
+
     # ------------------------------------------------------------------ layout
     def split(self, x) -> tuple[Tensor, Tensor]:
         """``x = [G; H] ↦ (G, H)`` (``x`` a tensor or an :class:`AtPoint`)."""

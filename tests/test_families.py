@@ -1,0 +1,381 @@
+"""Discovery on today's transformer families, checked by moving tiny random models.
+
+For every family: the blocks found carry the architecture's own group (GL(h), the rotary
+subgroup, positive scales); moving every block by a random element of that group leaves the
+output unchanged, leaves geodesic sharpness (both metrics) unchanged to 1e-3 and changes
+adaptive sharpness. Moves outside the group (a generic GL(h) element on a rotary QK pair, a
+non-scalar one on a q/k-normed head) change the output.
+
+Families that compute parts in float32 even for float64 models (the RMSNorm of Llama,
+Mistral, Qwen, Gemma, Phi-3; GPT-J's attention scores) are exact only to float32 rounding:
+their output tolerance is 1e-5 instead of float64's, far below what the moves outside the
+group change (> 1e-3).
+
+A q/k norm ``x / sqrt(mean(x²) + eps)`` is scale invariant only as ``eps → 0`` (relative
+deviation ``≈ eps / (2 mean(x²))``): the normed families are built with ``eps = 1e-12``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from collections.abc import Callable
+
+import pytest
+import timm
+import torch
+import transformers as hf
+from conftest import assert_roundtrip_exact, assert_sharpness_invariance
+from torch import nn
+
+from quotientgeo import GLQuotient, find_symmetries
+from quotientgeo.testing import moved_along_orbits
+
+DT = torch.float64
+VOCAB, SEQ, BATCH = 50, 6, 3
+HIDDEN = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
+DECODER = dict(
+    HIDDEN, vocab_size=VOCAB, num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2
+)
+
+
+@dataclasses.dataclass
+class Family:
+    build: Callable[[], nn.Module]
+    groups: set[str]  # group names of the kinds find_symmetries must produce
+    inputs: str = "ids"  # "ids", "seq2seq", "audio" or "image"
+    exact: bool = True  # False: float32 RMSNorm inside, output exact to ~1e-7 only
+    rotary: bool = False
+    normed: bool = False
+
+
+def tiny_vit(depth: int = 2, **kw) -> nn.Module:
+    return timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=16, patch_size=8, embed_dim=32,
+        depth=depth, num_heads=4, num_classes=5, **kw,
+    )  # fmt: skip
+
+
+def causal(config_cls, model_cls, **kw):
+    return lambda: model_cls(config_cls(**{**DECODER, **kw}))
+
+
+FAMILIES = {
+    "gpt2": Family(
+        lambda: hf.GPT2LMHeadModel(hf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB)),
+        {"GL(8)"},
+    ),
+    "distilbert": Family(
+        lambda: hf.DistilBertModel(
+            hf.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=48, vocab_size=VOCAB)
+        ),
+        {"GL(8)"},
+    ),
+    "opt": Family(
+        lambda: hf.OPTForCausalLM(
+            hf.OPTConfig(
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                ffn_dim=48,
+                vocab_size=VOCAB,
+                word_embed_proj_dim=32,
+            )
+        ),
+        {"GL(8)"},
+    ),
+    "bart": Family(
+        lambda: hf.BartModel(
+            hf.BartConfig(
+                d_model=32,
+                encoder_layers=1,
+                decoder_layers=1,
+                encoder_attention_heads=4,
+                decoder_attention_heads=4,
+                encoder_ffn_dim=48,
+                decoder_ffn_dim=48,
+                vocab_size=VOCAB,
+            )
+        ),
+        {"GL(8)"},
+        inputs="seq2seq",
+    ),
+    "whisper": Family(
+        lambda: hf.WhisperModel(
+            hf.WhisperConfig(
+                d_model=32,
+                encoder_layers=1,
+                decoder_layers=1,
+                encoder_attention_heads=4,
+                decoder_attention_heads=4,
+                encoder_ffn_dim=48,
+                decoder_ffn_dim=48,
+                vocab_size=VOCAB,
+                num_mel_bins=8,
+                max_source_positions=8,
+                max_target_positions=16,
+                pad_token_id=0,
+                bos_token_id=1,
+                eos_token_id=2,
+                decoder_start_token_id=1,
+            )
+        ),
+        {"GL(8)"},
+        inputs="audio",
+    ),
+    "bloom": Family(
+        lambda: hf.BloomForCausalLM(
+            hf.BloomConfig(hidden_size=32, n_layer=2, n_head=4, vocab_size=VOCAB)
+        ),
+        {"GL(8)"},
+    ),
+    "llama": Family(
+        causal(hf.LlamaConfig, hf.LlamaForCausalLM),
+        {"GL(8)", "(C*)^4"},
+        exact=False,
+        rotary=True,
+    ),
+    "mistral": Family(
+        causal(hf.MistralConfig, hf.MistralForCausalLM),
+        {"GL(8)", "(C*)^4"},
+        exact=False,
+        rotary=True,
+    ),
+    "qwen2": Family(
+        causal(hf.Qwen2Config, hf.Qwen2ForCausalLM),
+        {"GL(8)", "(C*)^4"},
+        exact=False,
+        rotary=True,
+    ),
+    "qwen3": Family(
+        causal(hf.Qwen3Config, hf.Qwen3ForCausalLM, head_dim=8, rms_norm_eps=1e-12),
+        {"GL(8)", "positive scale R>0"},
+        exact=False,
+        normed=True,
+    ),
+    "gemma2": Family(
+        causal(hf.Gemma2Config, hf.Gemma2ForCausalLM, head_dim=8),
+        {"GL(8)", "(C*)^4"},
+        exact=False,
+        rotary=True,
+    ),
+    "gemma3": Family(
+        causal(hf.Gemma3TextConfig, hf.Gemma3ForCausalLM, head_dim=8, rms_norm_eps=1e-12),
+        {"GL(8)", "positive scale R>0"},
+        exact=False,
+        normed=True,
+    ),
+    "phi3": Family(
+        causal(hf.Phi3Config, hf.Phi3ForCausalLM, partial_rotary_factor=0.5),
+        {"GL(8)", "(C*)^2 × GL(4)"},
+        exact=False,
+        rotary=True,
+    ),
+    "gpt_neox": Family(
+        lambda: hf.GPTNeoXForCausalLM(
+            hf.GPTNeoXConfig(**{**HIDDEN, "vocab_size": VOCAB, "rotary_pct": 0.5})
+        ),
+        {"GL(8)", "(C*)^2 × GL(4)"},
+        rotary=True,
+    ),
+    "gptj": Family(
+        lambda: hf.GPTJForCausalLM(
+            hf.GPTJConfig(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, rotary_dim=4)
+        ),
+        {"GL(8)", "(C*)^2 × GL(4)"},
+        exact=False,
+        rotary=True,
+    ),
+    "timm_vit": Family(tiny_vit, {"GL(8)"}, inputs="image"),
+    "timm_vit_qk_norm": Family(
+        lambda: tiny_vit(qk_norm=True, norm_layer=functools.partial(nn.LayerNorm, eps=1e-12)),
+        {"GL(8)", "positive scale R>0"},
+        inputs="image",
+        normed=True,
+    ),
+}
+
+
+def make(name: str) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+    """The family's tiny random float64 model in eval mode and its output function."""
+    torch.manual_seed(0)
+    family = FAMILIES[name]
+    model = family.build().to(DT).eval()
+    with torch.no_grad():  # larger weights than the default init: moves then matter more
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(2.0)
+    gen = torch.Generator().manual_seed(1)
+    if family.inputs == "image":
+        images = torch.randn(BATCH, 3, 16, 16, generator=gen, dtype=DT)
+        return model, lambda m: m(images)
+    ids = torch.randint(3, VOCAB, (BATCH, SEQ), generator=gen)
+    if family.inputs == "audio":
+        features = torch.randn(BATCH, 8, 16, generator=gen, dtype=DT)
+        return model, lambda m: m(input_features=features, decoder_input_ids=ids).last_hidden_state
+    if family.inputs == "seq2seq":
+        return model, lambda m: m(input_ids=ids, decoder_input_ids=ids).last_hidden_state
+    if isinstance(model, hf.DistilBertModel):
+        return model, lambda m: m(input_ids=ids).last_hidden_state
+    return model, lambda m: m(input_ids=ids).logits
+
+
+def discovered(model: nn.Module):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        geometry = find_symmetries(model)
+    ours = [str(w.message) for w in caught if "adaptive geometry" in str(w.message)]
+    assert not ours, ours
+    return geometry
+
+
+def output_tolerance(name: str) -> dict:
+    return {} if FAMILIES[name].exact else dict(rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_blocks_carry_the_architectures_group(name):
+    model, _ = make(name)
+    geometry = discovered(model)
+    groups = {k.manifold.group_name(k.shape) for k in geometry.kinds}
+    assert groups == FAMILIES[name].groups
+    summary = geometry.summary()
+    assert all(g in summary for g in groups)
+    # every attention layer has a VO block; QK is a GL pair, a rotary pair or two scale blocks
+    labels = [b.label for b in geometry.blocks]
+    assert sum(lbl.endswith(".VO") for lbl in labels) >= 2
+    assert_roundtrip_exact(geometry)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_moves_along_the_group_keep_outputs_and_geodesic_sharpness(name):
+    model, outputs = make(name)
+    # measure over the attention weights only (the rest frozen), where the moves act
+    symmetric = set(discovered(model).symmetric_names)
+    for pname, p in model.named_parameters():
+        p.requires_grad_(pname in symmetric)
+    discovered(model)
+    before = outputs(model)
+    target = torch.randn(before.shape, generator=torch.Generator().manual_seed(2), dtype=DT)
+
+    def loss_fn(m, batch):
+        return (outputs(m) - target).square().mean()
+
+    assert_sharpness_invariance(
+        model,
+        loss_fn,
+        [None],
+        outputs,
+        rho=0.05,
+        n_iter=8,
+        scales=(2.0,),
+        output_tol=output_tolerance(name),
+        adaptive_min=0.5,
+    )
+
+
+ROTARY = sorted(n for n, f in FAMILIES.items() if f.rotary)
+NORMED = sorted(n for n, f in FAMILIES.items() if f.normed)
+
+
+def move_kind_(geometry, group: str, move: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    points, w = geometry.gather()
+    for i, kind in enumerate(geometry.kinds):
+        if kind.manifold.group_name(kind.shape) == group:
+            points[i] = move(points[i])
+    geometry.assign_(points, w)
+
+
+def max_relative_change(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize("name", ROTARY)
+def test_generic_gl_move_of_a_rotary_pair_changes_the_output(name):
+    model, outputs = make(name)
+    geometry = discovered(model)
+    before = outputs(model)
+    (group,) = FAMILIES[name].groups - {"GL(8)"}
+    (kind,) = [k for k in geometry.kinds if k.manifold.group_name(k.shape) == group]
+    gl = GLQuotient(kind.manifold.n)
+    gen = torch.Generator().manual_seed(4)
+    # one generic element, and a subgroup element for contrast: only the first changes outputs
+    A = torch.randn(kind.batch, 8, 8, generator=gen, dtype=DT)
+    inside = kind.manifold.random_group(
+        torch.zeros(kind.batch, *kind.shape, dtype=DT), generator=gen
+    )
+    with torch.no_grad():
+        move_kind_(geometry, group, lambda x: gl.act(x, inside))
+        torch.testing.assert_close(outputs(model), before, **output_tolerance(name))
+        move_kind_(geometry, group, lambda x: gl.act(x, A))
+        assert max_relative_change(outputs(model), before) > 1e-3
+
+
+@pytest.mark.parametrize("name", NORMED)
+def test_non_scalar_move_of_a_normed_head_changes_the_output(name):
+    model, outputs = make(name)
+    geometry = discovered(model)
+    before = outputs(model)
+    gen = torch.Generator().manual_seed(5)
+    group = "positive scale R>0"
+    with torch.no_grad():
+        scale = lambda x: x * (3 * torch.rand(x.shape[0], 1, 1, generator=gen, dtype=DT) + 0.5)  # noqa: E731
+        move_kind_(geometry, group, scale)
+        torch.testing.assert_close(outputs(model), before, **output_tolerance(name))
+        # a positive but non-scalar diagonal on each head's features
+        diagonal = lambda x: x * (3 * torch.rand(x.shape[0], 1, 8, generator=gen, dtype=DT) + 0.5)  # noqa: E731
+        move_kind_(geometry, group, diagonal)
+        assert max_relative_change(outputs(model), before) > 1e-3
+
+
+def test_gpt2_cross_attention_is_mapped():
+    config = hf.GPT2Config(
+        n_embd=32, n_layer=1, n_head=4, vocab_size=VOCAB, add_cross_attention=True
+    )
+    model = hf.GPT2LMHeadModel(config).to(DT).eval()
+    geometry = discovered(model)
+    labels = sorted(b.label for b in geometry.blocks)
+    assert labels == [
+        "transformer.h.0.attn.QK",
+        "transformer.h.0.attn.VO",
+        "transformer.h.0.crossattention.QK",
+        "transformer.h.0.crossattention.VO",
+    ]
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, VOCAB, (2, 5), generator=gen)
+    memory = torch.randn(2, 4, 32, generator=gen, dtype=DT)
+    outputs = lambda m: m(input_ids=ids, encoder_hidden_states=memory).logits  # noqa: E731
+    before = outputs(model)
+    torch.testing.assert_close(outputs(moved_along_orbits(model, scale=2.0, seed=1)), before)
+
+
+def test_timm_norm_between_heads_and_projection_blocks_vo():
+    model = tiny_vit(depth=1, scale_attn_norm=True)
+    with pytest.warns(UserWarning, match="VO pair is no symmetry because of a norm"):
+        geometry = find_symmetries(model)
+    assert [b.label for b in geometry.blocks] == ["blocks.0.attn.QK"]
+
+
+def test_unknown_rotary_layout_and_unknown_attention_warn():
+    class Rotated(nn.Module):
+        """q_proj/k_proj/v_proj/o_proj next to a rotary module of an unknown family."""
+
+        def __init__(self):
+            super().__init__()
+            self.num_heads = 2
+            self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(8, 8) for _ in "qkvo")
+            self.rotary_emb = nn.Identity()
+
+    class StrangeAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mix = nn.Linear(8, 24)
+
+    model = nn.ModuleDict({"a": Rotated(), "b": StrangeAttention()})
+    with pytest.warns(UserWarning) as caught:
+        geometry = find_symmetries(model)
+    messages = [str(w.message) for w in caught]
+    assert any("a: rotary position embeddings" in m and "pairing not known" in m for m in messages)
+    assert any(m.startswith("b (StrangeAttention): attention-like") for m in messages)
+    assert [b.label for b in geometry.blocks] == ["a.VO"]
