@@ -4,10 +4,12 @@ Quotient manifolds of parameter symmetries as :class:`geoopt.Manifold` subclasse
 geodesic sharpness of whole models measured on them (da Silva, Dangel & Oore, ICML 2025).
 """
 
+from . import optim
 from .geometry import ParameterGeometry, Source, find_symmetries
 from .manifolds import (
     AdaptiveGeometry,
     AtPoint,
+    EuclideanGeometry,
     GLInvQuotient,
     GLMixQuotient,
     GLQuotient,
@@ -26,6 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AdaptiveGeometry",
     "AtPoint",
+    "EuclideanGeometry",
     "GLInvQuotient",
     "GLMixQuotient",
     "GLQuotient",
@@ -44,4 +47,5 @@ __all__ = [
     "average_sharpness",
     "find_symmetries",
     "geodesic_sharpness",
+    "optim",
 ]

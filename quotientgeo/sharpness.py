@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import math
 import time
 import warnings
@@ -49,6 +48,7 @@ from tqdm.auto import tqdm
 
 from .geometry import HALF, ParameterGeometry, find_symmetries
 from .manifolds import AdaptiveGeometry
+from .perturbation import MOVES, PerturbationSpace
 from .validation import integer, is_real, positive_int, positive_real, real_in
 
 Tensor = torch.Tensor
@@ -97,47 +97,6 @@ class SharpnessResult:
         return (
             f"SharpnessResult(value={self.value:.6g}, measure={s.get('measure')!r}, "
             f"rho={s.get('rho')}, batches={len(self.per_batch)}, wall_time={self.wall_time:.3g}s)"
-        )
-
-
-# ---------------------------------------------------------------------- kinds
-MOVES = {"second_order": "expmap2", "first_order": "retr", "exact": "expmap"}
-
-
-class _Kind:
-    """One kind of points during a measurement, through the manifold API only.
-
-    ``manifold`` carries the perturbation (``move``: one of its ``expmap2``, ``retr``,
-    ``expmap`` at the cached base point) and the horizontal space; ``ball`` is the metric of
-    the ball and of the gradient: ``manifold`` itself (Riemannian norm) or the element-wise
-    :class:`~quotientgeo.AdaptiveGeometry` (adaptive norm, perturbations kept horizontal).
-    """
-
-    def __init__(self, manifold, x: Tensor, move: str, ball):
-        self.manifold = manifold
-        self.point = manifold.at(x)
-        self.move = functools.partial(getattr(manifold, move), self.point)
-        self.ball = ball
-        self.ball_point = self.point if ball is manifold else ball.at(x)
-
-    def zeros(self) -> Tensor:
-        return torch.zeros_like(self.point.x)
-
-    def rgrad(self, d: Tensor) -> Tensor:
-        """Horizontal gradient in the ball metric: ``egrad2rgrad`` (or ``proj(M_ball⁻¹ ∇)``)."""
-        if self.ball is self.manifold:
-            return self.manifold.egrad2rgrad(self.point, d)
-        return self.manifold.proju(self.point, self.ball.egrad2rgrad(self.ball_point, d))
-
-    def sqnorm(self, c: Tensor) -> Tensor:
-        return self.ball.inner(self.ball_point, c).sum()
-
-    def random(self, gen: torch.Generator) -> Tensor:
-        """Random horizontal direction, isotropic in the ball metric before the projection."""
-        if self.ball is self.manifold:
-            return self.manifold.random_tangent(self.point, generator=gen)
-        return self.manifold.proju(
-            self.point, self.ball.random_tangent(self.ball_point, generator=gen)
         )
 
 
@@ -207,11 +166,11 @@ class _Problem:
             return manifold if norm == "riemannian" else AdaptiveGeometry()
 
         self.blocks = [
-            _Kind(m, x, MOVES[perturbation], ball(m))
+            PerturbationSpace(m, x, MOVES[perturbation], ball(m))
             for m, x in zip(geometry.manifolds(metric, eps=eps), points, strict=True)
         ]
         rest = geometry.rest_manifold()  # adaptive sharpness: straight lines, its own metric
-        self.blocks.append(_Kind(rest, w, MOVES["first_order"], rest))
+        self.blocks.append(PerturbationSpace(rest, w, MOVES["first_order"], rest))
         self.batch_index = 0
 
     def zeros(self) -> list[Tensor]:
@@ -360,7 +319,7 @@ def _apgd(problem: _Problem, start: list[Tensor], rho: float, n_iter: int, resta
 
 
 # ---------------------------------------------------------------------- setup and checks
-def _metric_value(metric):
+def checked_metric(metric):
     """A numeric metric ``s`` as a Python ``float`` in ``[0, 1]``; names unchanged."""
     if is_real(metric):
         return real_in("an interpolated metric s", metric, 0.0, 1.0)
@@ -503,7 +462,7 @@ def geodesic_sharpness(
     """
     rho, n_iter, seed = _check_common(rho, "n_iter", n_iter, seed)
     restarts = positive_int("restarts", restarts)
-    metric = _metric_value(metric)
+    metric = checked_metric(metric)
     geometry = _setup(
         model, loss_fn, symmetries, metric, perturbation, norm, warn_missing=_measure != "adaptive"
     )
@@ -616,7 +575,7 @@ def average_sharpness(
     The switches mean what they mean for :func:`geodesic_sharpness`.
     """
     rho, n_samples, seed = _check_common(rho, "n_samples", n_samples, seed)
-    metric = _metric_value(metric)
+    metric = checked_metric(metric)
     geometry = _setup(model, loss_fn, symmetries, metric, perturbation, norm)
     t0 = time.perf_counter()
     base_losses, mean_losses, traces = [], [], []

@@ -59,3 +59,13 @@ def test_sharpness_bench_json(capsys):
         "adaptive/floor",
     }
     assert result["floor_s"] > 0 and result["config"]["rounds"] == 2
+
+
+def test_sam_bench_json(capsys):
+    argv = ["bench", "sam", "--d", "8", "--heads", "2", "--layers", "1", "--seq", "3"]
+    assert main([*argv, "--batch", "4", "--rounds", "1", "--steps", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    methods = {"adamw", "sam", "asam", "geodesic_mix", "geodesic_inv"}
+    assert set(result["seconds_per_step"]) == set(result["over_sam"]) == methods
+    assert result["over_sam"]["sam"] == 1.0
+    assert all(v > 0 for v in result["seconds_per_step"].values())

@@ -33,6 +33,7 @@ EXPECTED = {
         ],
     ),
     "rho-sweep": ("rho_sweep.json", ["rho_sweep.png"], None),
+    "sam": ("sam.json", ["sam.png"], None),
 }
 
 
@@ -117,3 +118,18 @@ def test_toy_riemannian_quantities_are_invariant(quick):
         assert var["riemannian_hessian_trace"] < 1e-4
         assert var["euclidean_grad_norm"] > 0.1
         assert var["euclidean_hessian_trace"] > 0.1
+
+
+def test_sam_quick_fields(quick):
+    _, payload = quick("sam")
+    methods = {"adamw", "sam", "asam", "geodesic_mix", "geodesic_inv"}
+    assert set(payload["test_accuracy"]) == methods
+    for values in payload["test_accuracy"].values():
+        assert len(values) == payload["seeds"] and all(0.0 <= v <= 1.0 for v in values)
+    ratios = payload["step_time_over_sam"]
+    assert set(ratios) == methods and ratios["sam"] == 1.0
+    # ρ is chosen from each method's grid, on validation accuracies
+    for method, rho in payload["rho_chosen"].items():
+        assert rho in payload["rho_grid"][method]
+        best = max(payload["validation_accuracy"][method].values())
+        assert payload["validation_accuracy"][method][f"{rho:g}"] == best

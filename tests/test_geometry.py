@@ -556,3 +556,18 @@ def test_partly_covered_parameters_copy_no_mask_per_call(monkeypatch):
     assert moved_masks == []
     monkeypatch.undo()
     assert_roundtrip_exact(geometry)
+
+
+def test_gathered_points_share_no_memory_with_parameters():
+    """Writing into gathered points leaves the model alone (also for single-region blocks,
+    whose points could otherwise be views of a parameter)."""
+    from quotientgeo import ScaleQuotient
+
+    model = nn.Sequential(nn.Linear(4, 6, bias=False), nn.LayerNorm(6)).to(DT)
+    geometry = ParameterGeometry(model).add(ScaleQuotient(2), Source("0.weight"), heads=2)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    points, w = geometry.gather()
+    for x in (*points, w):
+        x.add_(1.0)
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]), n

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 
 import torch
 
 from ..sharpness import adaptive_sharpness, geodesic_sharpness
 from ..testing import TinyTransformerClassifier, cross_entropy
+from .options import add_model_arguments, run_config
 from .timing import interleaved, median_ratio
 
 MEASURES = {
@@ -41,17 +41,9 @@ RATIOS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--d", type=int, default=256, help="model width")
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=32)
+    add_model_arguments(parser, layers=4, d=256, heads=8, seq=64, batch=32, rounds=12)
     parser.add_argument("--n-iter", type=int, default=2, help="iterations of the short run")
     parser.add_argument("--extra", type=int, default=8, help="extra iterations of the long run")
-    parser.add_argument("--rounds", type=int, default=12, help="interleaved rounds (medians)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--progress", action="store_true", help="progress bar over rounds")
 
@@ -98,20 +90,9 @@ def run(args: argparse.Namespace) -> int:
     out["ratios"] = {
         key: median_ratio(per_iteration[a], per_iteration[b]) for key, (a, b) in RATIOS.items()
     }
-    out["config"] = {
-        "layers": args.layers,
-        "d": args.d,
-        "heads": args.heads,
-        "seq": args.seq,
-        "batch": args.batch,
-        "n_iter": args.n_iter,
-        "extra": args.extra,
-        "rounds": args.rounds,
-        "device": str(device),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "machine": platform.processor() or platform.machine(),
-    }
+    out["config"] = run_config(
+        args, "layers", "d", "heads", "seq", "batch", "n_iter", "extra", "rounds"
+    )
     if args.json:
         print(json.dumps(out, indent=2))
         return 0

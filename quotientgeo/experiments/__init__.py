@@ -6,7 +6,7 @@ into :mod:`quotientgeo.cli`.
 
 from __future__ import annotations
 
-from . import diagonal, invariance, rho_sweep, toy, transformers
+from . import diagonal, invariance, rho_sweep, sam, toy, transformers
 
 COMMANDS = {
     "diagonal": (diagonal.add_arguments, diagonal.run),
@@ -14,4 +14,5 @@ COMMANDS = {
     "invariance": (invariance.add_arguments, invariance.run),
     "transformers": (transformers.add_arguments, transformers.run),
     "rho-sweep": (rho_sweep.add_arguments, rho_sweep.run),
+    "sam": (sam.add_arguments, sam.run),
 }

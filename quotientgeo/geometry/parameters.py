@@ -225,7 +225,8 @@ class ParameterGeometry:
     ) -> tuple[list[Tensor], Tensor]:
         """Points of every kind and the flat adaptive vector, read from ``params``.
 
-        Returns ``(points, w)``: ``points[i]`` has shape ``(kinds[i].batch, *kinds[i].shape)``;
+        Returns ``(points, w)``, new tensors that share no memory with the parameters:
+        ``points[i]`` has shape ``(kinds[i].batch, *kinds[i].shape)``;
         ``w`` holds the adaptive parameters flattened in :attr:`adaptive_names` order, then
         the uncovered entries of partially covered parameters. ``params`` defaults to the
         model's (detached) parameters; ``dtype`` to :attr:`compute_dtype`.
@@ -245,8 +246,8 @@ class ParameterGeometry:
     @torch.no_grad()
     def assign_(self, points: Sequence[Tensor], w: Tensor | None = None) -> None:
         """Write scattered ``points`` (and ``w``) into the model's parameters, in place."""
-        for name, value in self.scatter(points, w).items():
-            self.params[name].copy_(value)
+        values = self.scatter(points, w)
+        torch._foreach_copy_([self.params[name] for name in values], list(values.values()))
 
     # ------------------------------------------------------------------ display
     def summary(self) -> str:

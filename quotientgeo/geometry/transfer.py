@@ -38,7 +38,7 @@ def gather(plan: Plan, params: dict[str, Tensor], dtype: torch.dtype, device) ->
         for bi in kind.blocks:
             block = plan.blocks[bi]
             rows = [r.to_factor(r.of(get(r.name)), block.heads) for r in block.regions]
-            parts.append(torch.cat(rows, dim=1) if len(rows) > 1 else rows[0])
+            parts.append(torch.cat(rows, dim=1))  # a copy, never a view of a parameter
         points.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=0))
     flat = [get(n).reshape(-1) for n in plan.adaptive_names]
     for name in plan.partial:

@@ -2,6 +2,7 @@
 
 from .adaptive import AdaptiveGeometry
 from .base import AtPoint, GenericPath, QuotientManifold
+from .euclidean import EuclideanGeometry
 from .gl import (
     GLInvQuotient,
     GLMixQuotient,
@@ -15,6 +16,7 @@ from .scale import ScaleQuotient
 __all__ = [
     "AdaptiveGeometry",
     "AtPoint",
+    "EuclideanGeometry",
     "GLInvQuotient",
     "GLMixQuotient",
     "GLQuotient",

@@ -1,0 +1,218 @@
+r"""Sharpness-aware minimisation (SAM) in a model's parameter geometry.
+
+One step at weights ``w`` with gradient ``g = ∇L(w)``:
+
+1. ``first_step``: move the weights, in place, to ``w̃ = γ_ξ(1)``, the end of the (geodesic)
+   step along ``ξ = ρ · grad L / ||grad L||_w``, the Riemannian gradient scaled to metric norm
+   ``ρ``;
+2. ``second_step``: put ``w`` back (bit-exactly) and step the base optimizer with the gradient
+   taken at ``w̃``.
+
+The three variants share every line but the geometry:
+
+- ``"sam"`` (Foret et al. 2021): the flat metric, ``ξ = ρ g / ||g||₂``, ``w̃ = w + ξ``;
+- ``"asam"`` (Kwon et al. 2021, the l2 form): the element-wise adaptive metric
+  ``Σ ξ² / |w|²`` on every parameter, ``ξ = ρ |w|² ⊙ g / || |w| ⊙ g ||₂``, ``w̃ = w + ξ``;
+- ``"geodesic"``: the quotient geometry of :func:`~quotientgeo.find_symmetries` (or the
+  blocks given): on each symmetry block ``ξ`` is the horizontal Riemannian gradient and ``w̃``
+  its second-order geodesic step ``x + ξ - ½ Γ(ξ, ξ)`` (or first-order, or exact); the other
+  parameters move as in ASAM. ``ξ`` and the geodesic map are equivariant under the symmetry
+  group, so two parameterisations of one function are perturbed into two parameterisations of
+  one function; SAM and ASAM perturb them into different functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ..geometry import ParameterGeometry, find_symmetries
+from ..manifolds import AdaptiveGeometry, EuclideanGeometry
+from ..perturbation import MOVES, PerturbationSpace
+from ..sharpness import PERTURBATIONS, checked_metric
+from ..validation import positive_real
+
+Tensor = torch.Tensor
+
+__all__ = ["GeodesicSAM"]
+
+VARIANTS = ("sam", "asam", "geodesic")
+
+
+class GeodesicSAM(torch.optim.Optimizer):
+    r"""SAM, ASAM or geodesic SAM around a base optimizer (module docstring).
+
+    Usage follows the common PyTorch SAM implementations::
+
+        opt = GeodesicSAM(model, torch.optim.AdamW, rho=0.05, lr=1e-3, weight_decay=0.05)
+        loss_fn(model, batch).backward(); opt.first_step(zero_grad=True)
+        loss_fn(model, batch).backward(); opt.second_step(zero_grad=True)
+        # or, with closure() computing the loss and calling backward(): opt.step(closure)
+
+    Args:
+        model: the network; its trainable parameters are optimized.
+        base_optimizer: an optimizer class (``torch.optim.AdamW``, ...), built here on the
+            model's parameters with ``**kwargs``.
+        rho: radius of the perturbation in the variant's metric (> 0).
+        variant: ``"sam"``, ``"asam"`` or ``"geodesic"``.
+        metric: ``"mix"`` or ``"inv"`` (or ``s ∈ [0, 1]``) for the GL and re-scaling blocks
+            (``"geodesic"`` only).
+        perturbation: ``"second_order"``, ``"first_order"`` or ``"exact"`` geodesic step on the
+            symmetry blocks (``"geodesic"`` only).
+        symmetries: ``"auto"`` (:func:`~quotientgeo.find_symmetries`) or a
+            :class:`~quotientgeo.ParameterGeometry` of ``model`` (``"geodesic"`` only).
+        eps: Gram relaxation of the GL metrics (``None``: the declared one).
+
+    ``param_groups`` are the base optimizer's (so learning-rate schedulers built on either
+    object act on both), ``state_dict()``/``load_state_dict()`` are the base optimizer's.
+    Between the two steps the original weights are kept: one copy of the trainable parameters
+    (in their own dtypes), no copy of the model; the geometry's points and their cache are
+    built once per step. With ``torch.distributed`` initialised and a model that is not
+    wrapped in ``DistributedDataParallel`` (which averages gradients itself), gradients are
+    averaged over ranks before each of the two steps.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        base_optimizer: Callable[..., torch.optim.Optimizer],
+        rho: float = 0.05,
+        *,
+        variant: str = "geodesic",
+        metric: str | float = "mix",
+        perturbation: str = "second_order",
+        symmetries: str | ParameterGeometry = "auto",
+        eps: float | None = None,
+        **kwargs,
+    ):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        rho = positive_real("rho", rho)
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        if perturbation not in PERTURBATIONS:
+            raise ValueError(f"perturbation must be one of {PERTURBATIONS}, got {perturbation!r}")
+        metric = checked_metric(metric)
+        if not callable(base_optimizer):
+            raise TypeError("base_optimizer must be an optimizer class, e.g. torch.optim.AdamW")
+        self.model = model
+        self.variant = variant
+        self.geometry = self._geometry(model, variant, symmetries)
+        if not self.geometry.params:
+            raise ValueError("the model has no trainable parameters (requires_grad=True)")
+        if variant == "geodesic":
+            self.manifolds = self.geometry.manifolds(metric, eps=eps)
+            self.rest = self.geometry.rest_manifold()
+        else:
+            self.manifolds = []
+            self.rest = EuclideanGeometry() if variant == "sam" else AdaptiveGeometry()
+        self.move = MOVES[perturbation]
+        params = list(self.geometry.params.values())
+        super().__init__(params, dict(rho=rho, **kwargs))
+        self.base_optimizer = base_optimizer(self.param_groups, **kwargs)
+        self.param_groups = self.base_optimizer.param_groups
+        self.defaults.update(self.base_optimizer.defaults)
+        self._origin: list[Tensor] | None = None
+
+    @staticmethod
+    def _geometry(model, variant, symmetries) -> ParameterGeometry:
+        if variant != "geodesic":
+            return ParameterGeometry(model)  # every parameter in the rest
+        if isinstance(symmetries, str) and symmetries == "auto":
+            return find_symmetries(model)
+        if isinstance(symmetries, ParameterGeometry):
+            if symmetries.model is not model:
+                raise ValueError(
+                    "the ParameterGeometry passed as symmetries describes another model"
+                )
+            return symmetries
+        raise TypeError(f"symmetries must be 'auto' or a ParameterGeometry, got {symmetries!r}")
+
+    # ------------------------------------------------------------------ the two steps
+    def _gradients(self) -> dict[str, Tensor]:
+        """The parameters' gradients by name (zeros where ``.grad`` is ``None``)."""
+        return {
+            name: torch.zeros_like(p) if p.grad is None else p.grad
+            for name, p in self.geometry.params.items()
+        }
+
+    @torch.no_grad()
+    def first_step(self, zero_grad: bool = False) -> None:
+        """Move the weights in place to the perturbed point ``γ_ξ(1)`` (module docstring)."""
+        if self._origin is not None:
+            raise RuntimeError("first_step was called twice; call second_step in between")
+        _average_gradients_(self.model, self.geometry.params.values())
+        points, w = self.geometry.gather()
+        grad_points, grad_w = self.geometry.gather(self._gradients())
+        spaces = [
+            PerturbationSpace(m, x, self.move, m)
+            for m, x in zip(self.manifolds, points, strict=True)
+        ]
+        spaces.append(PerturbationSpace(self.rest, w, MOVES["first_order"], self.rest))
+        xi = [s.rgrad(g) for s, g in zip(spaces, [*grad_points, grad_w], strict=True)]
+        norm = sum(s.sqnorm(v) for s, v in zip(spaces, xi, strict=True)).sqrt()
+        scale = self.param_groups[0]["rho"] / (norm + torch.finfo(norm.dtype).tiny)
+        moved = [s.move(v * scale) for s, v in zip(spaces, xi, strict=True)]
+        params = list(self.geometry.params.values())
+        self._origin = torch._foreach_mul(params, 1)  # the weights as they are, one copy
+        self.geometry.assign_(moved[:-1], moved[-1])
+        if zero_grad:
+            self.zero_grad()
+
+    @torch.no_grad()
+    def second_step(self, zero_grad: bool = False) -> None:
+        """Restore the weights of :meth:`first_step` and step the base optimizer with the
+        gradients now in ``.grad`` (taken at the perturbed point)."""
+        if self._origin is None:
+            raise RuntimeError("second_step needs a first_step before it")
+        torch._foreach_copy_(list(self.geometry.params.values()), self._origin)
+        self._origin = None
+        _average_gradients_(self.model, self.geometry.params.values())
+        self.base_optimizer.step()
+        if zero_grad:
+            self.zero_grad()
+
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor:
+        """``loss = closure()``, :meth:`first_step`, ``closure()``, :meth:`second_step`; returns
+        the loss at the unperturbed weights. ``closure`` zeroes nothing itself: it computes the
+        loss and calls ``backward()`` (several micro-batches may accumulate)."""
+        if closure is None:
+            raise ValueError(
+                "GeodesicSAM.step needs a closure that computes the loss and calls backward(); "
+                "or call first_step() and second_step() yourself"
+            )
+        with torch.enable_grad():
+            loss = closure()
+        self.first_step(zero_grad=True)
+        with torch.enable_grad():
+            closure()
+        self.second_step()
+        return loss
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        return self.base_optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.base_optimizer.load_state_dict(state_dict)
+        self.param_groups = self.base_optimizer.param_groups
+
+
+def _average_gradients_(model: nn.Module, params) -> None:
+    """Average ``.grad`` over the ranks of an initialised process group (one all-reduce of a
+    flat buffer), unless ``model`` is a ``DistributedDataParallel`` that already did."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+        g.copy_(part.view_as(g))
