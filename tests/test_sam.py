@@ -265,3 +265,35 @@ def test_gradients_are_averaged_over_ranks(tmp_path):
     distributed = torch.load(out, weights_only=True)
     for name, p in model.named_parameters():
         torch.testing.assert_close(distributed[name], p.detach(), rtol=1e-12, atol=1e-14)
+
+
+def test_bfloat16_parameters_and_autocast():
+    """bf16 weights: the geometry runs in float32, the step restores the bf16 weights exactly;
+    float32 weights under bf16 autocast step as usual."""
+    torch.manual_seed(0)
+    model = TinyTransformerClassifier(d=16, heads=4, layers=1, classes=3).to(torch.bfloat16)
+    x, y = torch.randn(8, 5, 16, dtype=torch.bfloat16), torch.randint(0, 3, (8,))
+    opt = GeodesicSAM(model, torch.optim.SGD, rho=0.05, lr=0.0)
+    before = params_of(model)
+    cross_entropy(model, (x, y)).backward()
+    opt.first_step(zero_grad=True)
+    assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters())
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    cross_entropy(model, (x, y)).backward()
+    opt.second_step(zero_grad=True)  # lr = 0: the weights are exactly the originals
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]), n
+
+    model = TinyTransformerClassifier(d=16, heads=4, layers=1, classes=3)
+    opt = GeodesicSAM(model, torch.optim.AdamW, rho=0.05, lr=1e-3)
+
+    def closure():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = cross_entropy(model, (x.float(), y))
+        loss.backward()
+        return loss
+
+    before = params_of(model)
+    opt.step(closure)
+    assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in model.parameters())
+    assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters())
