@@ -49,6 +49,7 @@ from tqdm.auto import tqdm
 from .geometry import HALF, ParameterGeometry, find_symmetries
 from .manifolds import AdaptiveGeometry
 from .perturbation import MOVES, PerturbationSpace
+from .ranks import Ranks
 from .validation import integer, is_real, positive_int, positive_real, real_in
 
 Tensor = torch.Tensor
@@ -155,9 +156,12 @@ class _Problem:
     """Loss of a batch as a function of the perturbation ``ξ`` (a list, one tensor per block)."""
 
     def __init__(
-        self, model, loss_fn, geometry: ParameterGeometry, metric, perturbation, norm, eps
+        self, model, loss_fn, geometry: ParameterGeometry, metric, perturbation, norm, eps, ranks
     ):
         self.geometry = geometry
+        self.ranks = ranks
+        self.failure: str | None = None  # split_batch: this rank's first exception
+        self.local_losses: list = []  # split_batch: local losses since the last check
         self.wrapper = _LossOf(model, loss_fn)
         points, w = geometry.gather()
         self.dtype, self.device = w.dtype, w.device
@@ -171,7 +175,7 @@ class _Problem:
         ]
         rest = geometry.rest_manifold()  # adaptive sharpness: straight lines, its own metric
         self.blocks.append(PerturbationSpace(rest, w, MOVES["first_order"], rest))
-        self.batch_index = 0
+        self.batch_index = self.iteration = 0
 
     def zeros(self) -> list[Tensor]:
         return [b.zeros() for b in self.blocks]
@@ -186,7 +190,35 @@ class _Problem:
         return [c * scale for c in cs]
 
     def evaluate(self, cs: list[Tensor], iteration: int, grad: bool):
-        """Loss at ``cs`` (detached, compute dtype) and, with ``grad``, its gradient wrt ``cs``."""
+        """Loss at ``cs`` (detached, compute dtype) and, with ``grad``, its gradient wrt ``cs``;
+        with ``distributed="split_batch"`` both averaged over ranks."""
+        self.iteration = iteration
+        if self.ranks.mode != "split_batch":
+            return self._evaluate(cs, iteration, grad)
+        try:
+            loss, grads = self._evaluate(cs, iteration, grad)
+            self.local_losses.append((self.batch_index, iteration, loss))  # checked lazily
+        except Exception as err:  # the other ranks wait in the all-reduce below: join them
+            if self.failure is None:
+                self.failure = f"{self.where()}: {type(err).__name__}: {err}"
+            loss = torch.full((), math.nan, dtype=self.dtype, device=self.device)
+            grads = [torch.zeros_like(c) for c in cs] if grad else None
+        return self.ranks.average(loss, grads)
+
+    def where(self) -> str:
+        return f"batch {self.batch_index}, iteration {self.iteration}"
+
+    def local_failure(self) -> str | None:
+        """split_batch: what failed on this rank (an exception, else its first non-finite
+        local loss), or ``None``."""
+        if self.failure is not None:
+            return self.failure
+        for batch, iteration, loss in self.local_losses:
+            if not bool(torch.isfinite(loss)):
+                return f"non-finite loss ({float(loss)}) on batch {batch} at iteration {iteration}"
+        return None
+
+    def _evaluate(self, cs: list[Tensor], iteration: int, grad: bool):
         with torch.enable_grad() if grad else torch.no_grad():
             leaves = [c.detach().requires_grad_(grad) for c in cs]
             ys = [b.move(c) for b, c in zip(self.blocks, leaves, strict=True)]
@@ -214,6 +246,10 @@ class _Problem:
 
     def check_finite(self, losses: Tensor, upto: int, restart: int) -> None:
         finite = torch.isfinite(losses[: upto + 1])
+        if self.ranks.mode == "split_batch":
+            if not bool(finite.all()):  # every rank sees the same averaged losses: all get here
+                self.ranks.raise_failures(self.local_failure())
+            self.local_losses.clear()
         if not bool(finite.all()):
             k = int((~finite).nonzero()[0, 0])
             raise ValueError(
@@ -409,6 +445,41 @@ def _bar(progress: bool, total: int | None, desc: str):
 
 
 # ---------------------------------------------------------------------- measures
+def _batch_seed(seed: int, index: int) -> int:
+    """Seed of the random draws for the batch of global index ``index`` (split independent)."""
+    return (seed * 1_000_003 + index) % 2**63
+
+
+def _over_batches(model, problem_args, batches, distributed: str, seed: int, bar, one_batch):
+    """``one_batch(problem, generator, bar)`` for every batch, the model preserved; returns the
+    records of all ranks in rank order (``distributed="batches"``) and the :class:`Ranks`.
+    Failures on any rank raise on all of them. ``bar`` is ``(progress, steps per batch,
+    measure name)``; only rank 0 shows it."""
+    ranks = Ranks(distributed)
+    progress, per_batch, measure = bar
+    bar = _bar(progress and ranks.rank == 0, _total(batches, per_batch), f"{measure} sharpness")
+    offset = ranks.batch_offset(batches)
+    records, failure = [], None
+    with _model_state_preserved(model), bar:
+        problem = _Problem(model, *problem_args, ranks)
+        gen = torch.Generator(device=problem.device)
+        try:
+            for i, batch in enumerate(batches):
+                problem.batch, problem.batch_index = batch, offset + i
+                gen.manual_seed(_batch_seed(seed, offset + i))
+                records.append(one_batch(problem, gen, bar))
+        except Exception as err:
+            if ranks.mode != "batches":
+                raise
+            failure = f"{problem.where()}: {type(err).__name__}: {err}"
+    if ranks.mode == "batches":
+        ranks.raise_failures(failure)
+        records = [r for part in ranks.gather(records) for r in part]
+    if not records:
+        raise ValueError("batches is empty: nothing to measure sharpness on")
+    return records, ranks
+
+
 def geodesic_sharpness(
     model: nn.Module,
     loss_fn: Callable[[nn.Module, Any], Tensor],
@@ -424,6 +495,7 @@ def geodesic_sharpness(
     seed: int = 0,
     eps: float | None = None,
     progress: bool = True,
+    distributed: str = "batches",
     _measure: str = "geodesic",
 ) -> SharpnessResult:
     """Worst-case geodesic sharpness ``mean_S max_{||ξ||_x ≤ ρ} L_S(γ_ξ(1)) - L_S(x)``.
@@ -454,7 +526,16 @@ def geodesic_sharpness(
         seed: seed of those random directions.
         eps: Gram relaxation of GL kinds (``P + eps·I``), for rank-deficient heads;
             ``None`` keeps each kind's own (0 for discovered and ``add_gl_pair`` blocks).
-        progress: show a tqdm progress bar.
+        progress: show a tqdm progress bar (on rank 0 only in a process group).
+        distributed: in an initialised ``torch.distributed`` process group of several ranks,
+            ``"batches"`` (each rank its own batches; every rank returns the result over all
+            ranks' batches in rank order), ``"split_batch"`` (the ``k``-th batches of all ranks
+            form one batch: one shared perturbation, loss and gradient averaged over ranks
+            each iteration; equally sized rank batches) or ``"off"`` (local results); see
+            :mod:`quotientgeo.ranks`. Without a process group it changes nothing.
+
+    Random draws (restarts after the first, average-case samples) are seeded per batch by
+    ``(seed, batch index)``, so a batch gets the same draws however batches are split.
 
     Numeric arguments (``rho``, a numeric ``metric``, ``n_iter``, ``restarts``, ``seed``) may be
     Python numbers, numpy scalars or 0-dim tensors (read once with ``.item()``); they are used
@@ -467,32 +548,29 @@ def geodesic_sharpness(
         model, loss_fn, symmetries, metric, perturbation, norm, warn_missing=_measure != "adaptive"
     )
     t0 = time.perf_counter()
-    base_losses, worst_losses, norms, traces = [], [], [], []
-    with _model_state_preserved(model):
-        problem = _Problem(model, loss_fn, geometry, metric, perturbation, norm, eps)
-        gen = torch.Generator(device=problem.device).manual_seed(seed)
-        with _bar(progress, _total(batches, restarts * n_iter), f"{_measure} sharpness") as bar:
-            for i, batch in enumerate(batches):
-                problem.batch, problem.batch_index = batch, i
-                base = worst = None
-                worst_c, trace = None, []
-                for r in range(restarts):
-                    start = problem.zeros() if r == 0 else problem.random_direction(gen, rho)
-                    best, best_c, losses = _apgd(problem, start, rho, n_iter, r, bar)
-                    if r == 0:
-                        base = float(losses[0])
-                        worst, worst_c = base, None
-                    best = float(best)
-                    if best > worst:
-                        worst, worst_c = best, best_c
-                    trace.append(torch.cummax(losses, 0).values.tolist())
-                norm_c = 0.0 if worst_c is None else float(problem.sqnorm(worst_c).sqrt())
-                base_losses.append(base)
-                worst_losses.append(worst)
-                norms.append(norm_c)
-                traces.append(trace)
-            if not base_losses:
-                raise ValueError("batches is empty: nothing to measure sharpness on")
+
+    def one_batch(problem, gen, bar):
+        base = worst = None
+        worst_c, trace = None, []
+        for r in range(restarts):
+            start = problem.zeros() if r == 0 else problem.random_direction(gen, rho)
+            best, best_c, losses = _apgd(problem, start, rho, n_iter, r, bar)
+            if r == 0:
+                base = float(losses[0])
+                worst, worst_c = base, None
+            best = float(best)
+            if best > worst:
+                worst, worst_c = best, best_c
+            trace.append(torch.cummax(losses, 0).values.tolist())
+        norm_c = 0.0 if worst_c is None else float(problem.sqnorm(worst_c).sqrt())
+        return base, worst, norm_c, trace
+
+    problem_args = (loss_fn, geometry, metric, perturbation, norm, eps)
+    records, ranks = _over_batches(
+        model, problem_args, batches, distributed, seed, (progress, restarts * n_iter, _measure),
+        one_batch,
+    )  # fmt: skip
+    base_losses, worst_losses, norms, traces = (list(v) for v in zip(*records, strict=True))
     per_batch = [w - b for w, b in zip(worst_losses, base_losses, strict=True)]
     settings = _settings(
         _measure,
@@ -506,6 +584,8 @@ def geodesic_sharpness(
         n_iter=n_iter,
         restarts=restarts,
         n_batches=len(per_batch),
+        distributed=ranks.mode,
+        world_size=ranks.world,
     )
     return SharpnessResult(
         value=sum(per_batch) / len(per_batch),
@@ -529,6 +609,7 @@ def adaptive_sharpness(
     restarts: int = 1,
     seed: int = 0,
     progress: bool = True,
+    distributed: str = "batches",
 ) -> SharpnessResult:
     """Adaptive sharpness of Andriushchenko et al. 2023: ``max_{||ξ ⊙ ŵ⁻¹||₂ ≤ ρ} L(w + ξ) - L(w)``.
 
@@ -549,6 +630,7 @@ def adaptive_sharpness(
         restarts=restarts,
         seed=seed,
         progress=progress,
+        distributed=distributed,
         _measure="adaptive",
     )
 
@@ -567,6 +649,7 @@ def average_sharpness(
     seed: int = 0,
     eps: float | None = None,
     progress: bool = True,
+    distributed: str = "batches",
 ) -> SharpnessResult:
     """Average-case sharpness ``mean_S E_ξ L_S(γ_ξ(1)) - L_S(x)`` over ``||ξ||_x = ρ``.
 
@@ -578,25 +661,23 @@ def average_sharpness(
     metric = checked_metric(metric)
     geometry = _setup(model, loss_fn, symmetries, metric, perturbation, norm)
     t0 = time.perf_counter()
-    base_losses, mean_losses, traces = [], [], []
-    with _model_state_preserved(model):
-        problem = _Problem(model, loss_fn, geometry, metric, perturbation, norm, eps)
-        gen = torch.Generator(device=problem.device).manual_seed(seed)
-        with _bar(progress, _total(batches, n_samples), "average sharpness") as bar:
-            for i, batch in enumerate(batches):
-                problem.batch, problem.batch_index = batch, i
-                losses = torch.empty(n_samples + 1, dtype=problem.dtype, device=problem.device)
-                losses[0], _ = problem.evaluate(problem.zeros(), 0, grad=False)
-                for s in range(1, n_samples + 1):
-                    cs = problem.random_direction(gen, rho)
-                    losses[s], _ = problem.evaluate(cs, s, grad=False)
-                    bar.update(1)
-                problem.check_finite(losses, n_samples, 0)
-                base_losses.append(float(losses[0]))
-                mean_losses.append(float(losses[1:].mean()))
-                traces.append([losses[1:].tolist()])
-            if not base_losses:
-                raise ValueError("batches is empty: nothing to measure sharpness on")
+
+    def one_batch(problem, gen, bar):
+        losses = torch.empty(n_samples + 1, dtype=problem.dtype, device=problem.device)
+        losses[0], _ = problem.evaluate(problem.zeros(), 0, grad=False)
+        for s in range(1, n_samples + 1):
+            cs = problem.random_direction(gen, rho)
+            losses[s], _ = problem.evaluate(cs, s, grad=False)
+            bar.update(1)
+        problem.check_finite(losses, n_samples, 0)
+        return float(losses[0]), float(losses[1:].mean()), rho, [losses[1:].tolist()]
+
+    problem_args = (loss_fn, geometry, metric, perturbation, norm, eps)
+    records, ranks = _over_batches(
+        model, problem_args, batches, distributed, seed, (progress, n_samples, "average"),
+        one_batch,
+    )  # fmt: skip
+    base_losses, mean_losses, _, traces = (list(v) for v in zip(*records, strict=True))
     per_batch = [m - b for m, b in zip(mean_losses, base_losses, strict=True)]
     settings = _settings(
         "average",
@@ -609,6 +690,8 @@ def average_sharpness(
         seed,
         n_samples=n_samples,
         n_batches=len(per_batch),
+        distributed=ranks.mode,
+        world_size=ranks.world,
     )
     return SharpnessResult(
         value=sum(per_batch) / len(per_batch),

@@ -12,7 +12,9 @@ feed-forward width ``4d``) on one batch of ``batch × seq`` random inputs. Conte
   cancel.
 
 Ratios (``geodesic_mix/adaptive``, ``geodesic_inv/adaptive``, ``adaptive/floor``) are medians
-over rounds of the per-round ratios; seconds are medians over rounds.
+over rounds of the per-round ratios; seconds are medians over rounds. On CUDA the JSON also
+holds the peak memory of one forward+backward pass and of each measure (``n_iter``
+iterations), and each measure's peak over ``1.2 × floor + one copy of the parameters``.
 """
 
 from __future__ import annotations
@@ -90,6 +92,15 @@ def run(args: argparse.Namespace) -> int:
     out["ratios"] = {
         key: median_ratio(per_iteration[a], per_iteration[b]) for key, (a, b) in RATIOS.items()
     }
+    if device.type == "cuda":
+        floor_peak = _peak_bytes(floor, device)
+        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        out["peak_memory_bytes"] = {"floor": floor_peak, "parameters": params}
+        for name in MEASURES:
+            peak = _peak_bytes(measure(name, short), device)
+            out["peak_memory_bytes"][name] = peak
+            # target: peak <= 1.2 × (forward+backward) + one copy of the parameters
+            out["ratios"][f"{name}_peak/(1.2·floor+params)"] = peak / (1.2 * floor_peak + params)
     out["config"] = run_config(
         args, "layers", "d", "heads", "seq", "batch", "n_iter", "extra", "rounds"
     )
@@ -102,3 +113,13 @@ def run(args: argparse.Namespace) -> int:
     for key, value in out["ratios"].items():
         print(f"{key:>22}: {value:.3f}")
     return 0
+
+
+def _peak_bytes(fn, device: torch.device) -> int:
+    """Peak CUDA memory allocated by ``fn()`` above what was allocated before it."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    start = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - start

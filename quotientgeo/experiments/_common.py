@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import platform
 import time
 from collections.abc import Iterator, Sequence
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "Population",
     "add_common_arguments",
     "finite_or_none",
     "kendall",
@@ -128,3 +130,46 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+class Population:
+    """A population of models spread over the ranks of a ``torchrun`` launch.
+
+    Under ``torchrun`` (``WORLD_SIZE > 1``) the default process group is initialised here
+    (gloo; destroyed on exit if created here): rank ``r`` handles the members
+    ``r, r + world, …`` (:meth:`mine`), :meth:`gather` brings every member's record to every
+    rank in population order, and only rank 0 reports (:attr:`is_reporter`). Without
+    ``torchrun`` it is one rank holding everything.
+    """
+
+    def __init__(self):
+        self.rank, self.world, self._created = 0, 1, False
+
+    def __enter__(self) -> Population:
+        dist = torch.distributed
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available():
+            if not dist.is_initialized():
+                dist.init_process_group("gloo")
+                self._created = True
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._created:
+            torch.distributed.destroy_process_group()
+
+    @property
+    def is_reporter(self) -> bool:
+        return self.rank == 0
+
+    def mine(self, n: int) -> list[int]:
+        """Indices of the members this rank handles."""
+        return list(range(self.rank, n, self.world))
+
+    def gather(self, records: dict[int, Any]) -> list[Any]:
+        """``{index: record}`` of every rank merged, as a list in population order."""
+        if self.world > 1:
+            parts: list[Any] = [None] * self.world
+            torch.distributed.all_gather_object(parts, records)
+            records = {k: v for part in parts for k, v in part.items()}
+        return [records[k] for k in sorted(records)]

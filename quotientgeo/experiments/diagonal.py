@@ -152,7 +152,8 @@ def sharpness_of(model: DiagonalNet, batches, *, rho: float, n_iter: int, seed: 
     """Adaptive and geodesic (inv, mix; second-order and exact geodesics) worst-case sharpness."""
     from quotientgeo import sharpness as sh
 
-    common = {"rho": rho, "n_iter": n_iter, "seed": seed, "progress": False}
+    # each rank of a population run measures its own models
+    common = {"rho": rho, "n_iter": n_iter, "seed": seed, "progress": False, "distributed": "off"}
     geometry = rescale_geometry(model)
     out = {"adaptive": sh.adaptive_sharpness(model, mse, batches, **common)}
     for metric in ("inv", "mix"):
@@ -198,7 +199,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Diagonal networks (paper §5.1, Fig. 3): Kendall τ of adaptive/geodesic sharpness vs gap."""
+    """Diagonal networks (paper §5.1, Fig. 3): Kendall τ of adaptive/geodesic sharpness vs gap.
+
+    Under ``torchrun --nproc_per_node N`` every rank trains the population (one batched tensor
+    program, seconds) and measures its share of the networks; rank 0 gathers the values in
+    population order and writes the same JSON and figure.
+    """
+    with C.Population() as population:
+        args.no_progress = args.no_progress or not population.is_reporter
+        return _run(args, population)
+
+
+def _run(args: argparse.Namespace, population: C.Population) -> int:
     t0 = time.perf_counter()
     cfg = Config.quick() if args.quick else Config()
     for field in ("rho", "n_models", "n_iter"):
@@ -213,20 +225,23 @@ def run(args: argparse.Namespace) -> int:
     t_train = time.perf_counter() - t0
     finite = torch.isfinite(trained["test_loss"]) & torch.isfinite(trained["train_loss"])
     keep = finite.nonzero().flatten().tolist()
-    if len(keep) < cfg.n_models:
+    if len(keep) < cfg.n_models and population.is_reporter:
         print(f"{cfg.n_models - len(keep)} network(s) diverged and are left out")
     if len(keep) < 3:
         raise RuntimeError("fewer than 3 networks trained without diverging; try another --seed")
     gap = [float(trained["test_loss"][k] - trained["train_loss"][k]) for k in keep]
     batches = [(data["X"], data["y"])]
-    values = {k: [] for k in MEASURES}
+    records = {}
     with C.threads(1):
-        for k in C.progress(keep, args=args, desc="sharpness (models)"):
-            model = DiagonalNet(trained["u"][k], trained["v"][k])
-            for key, value in sharpness_of(
+        for i in C.progress(population.mine(len(keep)), args=args, desc="sharpness (models)"):
+            model = DiagonalNet(trained["u"][keep[i]], trained["v"][keep[i]])
+            records[i] = sharpness_of(
                 model, batches, rho=cfg.rho, n_iter=cfg.n_iter, seed=args.seed
-            ).items():
-                values[key].append(value)
+            )
+    gathered = population.gather(records)
+    if not population.is_reporter:
+        return 0
+    values = {key: [r[key] for r in gathered] for key in MEASURES}
     taus, pvalues = {}, {}
     for key in MEASURES:
         taus[key], pvalues[key] = C.kendall(values[key], gap)
@@ -261,6 +276,7 @@ def run(args: argparse.Namespace) -> int:
             "quick": args.quick,
             "seed": args.seed,
             "config": vars(cfg),
+            "ranks": population.world,
             "kendall_tau": {k: C.finite_or_none(v) for k, v in taus.items()},
             "p_value": {k: C.finite_or_none(v) for k, v in pvalues.items()},
             "paper_kendall_tau": PAPER_TAU,

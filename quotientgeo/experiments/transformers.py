@@ -15,7 +15,9 @@ model we measure worst-case sharpness on the same fixed training subset and corr
 - ``spectrum_sS``: second-order geodesic sharpness with the metric ``(1-s)·inv + s·mix``
   (:class:`~quotientgeo.InterpolatedGLQuotient`, geometry derived by the generic base).
 
-Trained models are cached under ``--out/models``, so re-running only re-measures.
+Trained models are cached under ``--out/models``, so re-running only re-measures. Under
+``torchrun --nproc_per_node N`` the models are split over the ranks (each trains and measures
+its share); rank 0 gathers them in population order and writes the same JSON and figure.
 """
 
 from __future__ import annotations
@@ -85,25 +87,23 @@ def run(args: argparse.Namespace) -> int:
     n_train, batch, n_batches = (200, 64, 1) if args.quick else (500, 128, 2)
     data = _vit.load_digits_split(n_train, args.seed)
     configs = _vit.population(n_models, args.seed, quick=args.quick)
-    with C.threads(args.threads):
-        models, info = [], []
-        for cfg in C.progress(configs, args=args, desc="training (cached models are reused)"):
-            model, metrics = _vit.trained(cfg, data, out / "models", args.seed)
-            models.append(model)
-            info.append({**asdict(cfg), **metrics})
-        t_train = time.perf_counter() - t0
-        x, y = data["x_train"], data["y_train"]
-        batches = [
-            (x[i * batch : (i + 1) * batch], y[i * batch : (i + 1) * batch])
-            for i in range(n_batches)
-        ]
-        measures = rows()
-        values = {k: [] for k in measures}
-        bar = C.progress(None, args=args, desc="sharpness", total=n_models * len(measures))
+    x, y = data["x_train"], data["y_train"]
+    batches = [
+        (x[i * batch : (i + 1) * batch], y[i * batch : (i + 1) * batch]) for i in range(n_batches)
+    ]
+    measures = rows()
+    with C.Population() as population, C.threads(args.threads):
+        args.no_progress = args.no_progress or not population.is_reporter
+        records = {}  # model index -> (its record, its sharpness values)
+        mine = population.mine(n_models)
+        bar = C.progress(None, args=args, desc="models (trained or cached, measured)",
+                         total=len(mine))  # fmt: skip
         with bar:
-            for model in models:
+            for k in mine:
+                model, metrics = _vit.trained(configs[k], data, out / "models", args.seed)
+                values_k = {}
                 for key, kw in measures.items():
-                    r = sh.geodesic_sharpness(
+                    values_k[key] = sh.geodesic_sharpness(
                         model,
                         _vit.cross_entropy,
                         batches,
@@ -111,10 +111,16 @@ def run(args: argparse.Namespace) -> int:
                         n_iter=n_iter,
                         seed=args.seed,
                         progress=False,
+                        distributed="off",  # each rank measures its own models
                         **kw,
-                    )
-                    values[key].append(r.value)
-                    bar.update(1)
+                    ).value
+                records[k] = ({**asdict(configs[k]), **metrics}, values_k)
+                bar.update(1)
+        gathered = population.gather(records)
+        if not population.is_reporter:
+            return 0
+    info = [record for record, _ in gathered]
+    values = {key: [v[key] for _, v in gathered] for key in measures}
     gap = [m["gap"] for m in info]
     taus, pvalues = {}, {}
     for key in measures:
@@ -148,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
             "p_value": {k: C.finite_or_none(v) for k, v in pvalues.items()},
             "paper": PAPER_NOTE,
             "models": info,
-            "seconds": {"training": t_train, "total": time.perf_counter() - t0},
+            "ranks": population.world,
+            "seconds": {"total": time.perf_counter() - t0},
         },
     )
     print(f"wrote {out / 'transformers.json'} and {out / 'transformers.png'}")

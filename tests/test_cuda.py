@@ -1,0 +1,59 @@
+"""CUDA paths: run wherever a GPU is available (skipped otherwise).
+
+Sharpness on CUDA equals sharpness on the CPU in float64, bf16 models give finite values, and
+GeodesicSAM keeps one orbit one function on the GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from quotientgeo import adaptive_sharpness, geodesic_sharpness
+from quotientgeo.optim import GeodesicSAM
+from quotientgeo.testing import TinyTransformerClassifier, cross_entropy, moved_along_orbits
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+KW = dict(rho=0.05, n_iter=6, progress=False)
+
+
+def problem(device, dtype=torch.float64):
+    torch.manual_seed(0)
+    model = TinyTransformerClassifier(d=16, heads=4, layers=2, classes=3).to(device, dtype).eval()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 5, 16, generator=gen, dtype=dtype).to(device)
+    return model, [(x, torch.randint(0, 3, (8,), generator=gen).to(device))]
+
+
+@pytest.mark.parametrize("measure", ["mix", "inv", "adaptive"])
+def test_cuda_equals_cpu(measure):
+    values = []
+    for device in ("cpu", "cuda"):
+        model, batches = problem(device)
+        if measure == "adaptive":
+            values.append(adaptive_sharpness(model, cross_entropy, batches, **KW).value)
+        else:
+            r = geodesic_sharpness(model, cross_entropy, batches, metric=measure, **KW)
+            values.append(r.value)
+    assert values[1] == pytest.approx(values[0], rel=1e-9)
+
+
+def test_bfloat16_model_on_cuda():
+    model, batches = problem("cuda", torch.bfloat16)
+    with pytest.warns(UserWarning, match="bfloat16"):
+        r = geodesic_sharpness(model, cross_entropy, batches, **KW)
+    assert torch.isfinite(torch.tensor(r.value))
+
+
+def test_geodesic_sam_on_cuda_keeps_one_orbit_one_function():
+    model, batches = problem("cuda")
+    moved = moved_along_orbits(copy.deepcopy(model).cpu(), scale=3.0, seed=1).cuda()
+    for m in (model, moved):
+        opt = GeodesicSAM(m, torch.optim.SGD, rho=0.2, lr=0.1)
+        cross_entropy(m, batches[0]).backward()
+        opt.first_step()
+    x = batches[0][0]
+    with torch.no_grad():
+        torch.testing.assert_close(moved(x), model(x), rtol=1e-9, atol=1e-12)

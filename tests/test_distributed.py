@@ -1,0 +1,182 @@
+"""Sharpness in a torch.distributed process group (2 gloo processes on the CPU).
+
+Every rank returns what one process returns: for ``distributed="batches"`` on the
+concatenated list of all ranks' batches (also with unequal counts), for ``"split_batch"`` on
+the concatenated batch. A failing ``loss_fn`` on one rank raises on every rank, in bounded time.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from quotientgeo import adaptive_sharpness, average_sharpness, geodesic_sharpness
+from quotientgeo.testing import TinyTransformerClassifier, cross_entropy
+
+DT = torch.float64
+WORLD = 2
+KW = dict(rho=0.05, n_iter=6, progress=False)
+
+
+def model():
+    torch.manual_seed(0)
+    return TinyTransformerClassifier(d=16, heads=4, layers=1, classes=3).to(DT).eval()
+
+
+def batch(seed: int, size: int = 6):
+    gen = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn(size, 5, 16, generator=gen, dtype=DT),
+        torch.randint(0, 3, (size,), generator=gen),
+    )
+
+
+# rank -> its batches in mode "batches" (unequal counts) and its half batch in "split_batch"
+RANK_BATCHES = {0: [batch(10), batch(11)], 1: [batch(12)]}
+HALVES = {0: batch(20), 1: batch(21)}
+
+
+def measures(m, batches, distributed="batches"):
+    kw = dict(KW, distributed=distributed)
+    return {
+        "mix": geodesic_sharpness(m, cross_entropy, batches, metric="mix", **kw),
+        "inv": geodesic_sharpness(m, cross_entropy, batches, metric="inv", **kw),
+        "adaptive": adaptive_sharpness(m, cross_entropy, batches, **kw),
+        "average": average_sharpness(m, cross_entropy, batches, rho=0.05, n_samples=4,
+                                     progress=False, distributed=distributed),
+    }  # fmt: skip
+
+
+def summary(results) -> dict:
+    return {
+        k: {"value": r.value, "per_batch": r.per_batch, "base": r.base_losses,
+            "norms": r.perturbation_norms, "n": r.settings["n_batches"]}
+        for k, r in results.items()
+    }  # fmt: skip
+
+
+def _worker(rank: int, init: str, out: str, scenario: str) -> None:
+    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
+    try:
+        m = model()
+        if scenario == "batches":
+            payload = summary(measures(m, RANK_BATCHES[rank]))
+        elif scenario == "split_batch":
+            payload = summary(measures(m, [HALVES[rank]], "split_batch"))
+        else:  # a loss_fn that raises on rank 1 only, in either mode
+
+            def loss_fn(mod, b):
+                if rank == 1:
+                    raise RuntimeError("boom")
+                return cross_entropy(mod, b)
+
+            before = {n: p.detach().clone() for n, p in m.named_parameters()}
+            errors = {}
+            for mode in ("batches", "split_batch"):
+                try:
+                    geodesic_sharpness(m, loss_fn, [HALVES[rank]], distributed=mode, **KW)
+                except RuntimeError as err:
+                    errors[mode] = str(err)
+            restored = all(torch.equal(p, before[n]) for n, p in m.named_parameters())
+            payload = {"errors": errors, "restored": restored}
+        with open(f"{out}.{rank}", "w") as f:
+            json.dump(payload, f)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def run_ranks(tmp_path, scenario: str) -> list[dict]:
+    out = str(tmp_path / scenario)
+    init = f"file://{tmp_path / (scenario + '.store')}"
+    ctx = torch.multiprocessing.spawn(_worker, args=(init, out, scenario), nprocs=WORLD, join=False)
+    # bounded: a hang (a rank left waiting in a collective) fails the test instead
+    for _ in range(120):
+        if ctx.join(timeout=0.5):
+            break
+    else:
+        for p in ctx.processes:
+            p.kill()
+        pytest.fail(f"distributed scenario {scenario!r} did not finish in 60 s")
+    return [json.loads(open(f"{out}.{r}").read()) for r in range(WORLD)]
+
+
+def assert_same(distributed: dict, single: dict) -> None:
+    for key, expected in single.items():
+        got = distributed[key]
+        assert got["n"] == expected["n"], key
+        for field in ("per_batch", "base", "norms"):
+            torch.testing.assert_close(
+                torch.tensor(got[field]), torch.tensor(expected[field]), rtol=1e-9, atol=1e-12
+            )
+        assert got["value"] == pytest.approx(expected["value"], rel=1e-9), key
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+def test_batches_across_ranks_equal_one_process_on_the_concatenated_list(tmp_path):
+    ranks = run_ranks(tmp_path, "batches")
+    assert ranks[0] == ranks[1]  # every rank returns the same result
+    single = summary(measures(model(), RANK_BATCHES[0] + RANK_BATCHES[1]))
+    assert_same(ranks[0], single)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+def test_one_batch_split_over_ranks_equals_one_process_on_the_whole_batch(tmp_path):
+    ranks = run_ranks(tmp_path, "split_batch")
+    assert ranks[0] == ranks[1]
+    whole = tuple(torch.cat([HALVES[0][i], HALVES[1][i]]) for i in range(2))
+    assert_same(ranks[0], summary(measures(model(), [whole])))
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+def test_a_failing_rank_raises_on_every_rank(tmp_path):
+    ranks = run_ranks(tmp_path, "failure")
+    for r, payload in enumerate(ranks):
+        assert payload["restored"], r
+        for mode in ("batches", "split_batch"):
+            message = payload["errors"][mode]
+            assert "rank 1" in message and "boom" in message, (r, mode, message)
+    # rank 1's batch is the second of the concatenated list; split_batch: the one global batch
+    assert "rank 1: batch 1, iteration 0: RuntimeError: boom" in ranks[0]["errors"]["batches"]
+    assert "rank 1: batch 0, iteration 0: RuntimeError: boom" in ranks[0]["errors"]["split_batch"]
+
+
+def test_without_a_process_group_the_argument_changes_nothing():
+    m, b = model(), [batch(30)]
+    values = {
+        mode: geodesic_sharpness(m, cross_entropy, b, distributed=mode, **KW).value
+        for mode in ("batches", "split_batch", "off")
+    }
+    assert len(set(values.values())) == 1
+    with pytest.raises(ValueError, match="distributed"):
+        geodesic_sharpness(m, cross_entropy, b, distributed="ranks", **KW)
+
+
+@pytest.mark.parametrize(
+    ("name", "json_name"), [("diagonal", "diagonal.json"), ("transformers", "transformers.json")]
+)
+def test_population_commands_under_torchrun_write_what_one_process_writes(
+    tmp_path, name, json_name
+):
+    """``torchrun --nproc_per_node 2 quotientgeo reproduce NAME --quick``: the ranks split the
+    population, rank 0 writes the JSON and figure of a single-process run."""
+    pytest.importorskip("sklearn")
+    base = [sys.executable, "-W", "ignore"]
+    command = ["-m", "quotientgeo.cli", "reproduce", name, "--quick", "--no-progress"]
+    single, multi = tmp_path / "single", tmp_path / "multi"
+    subprocess.run([*base, *command, "--out", str(single)], check=True, timeout=120,
+                   capture_output=True)  # fmt: skip
+    torchrun = [*base, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    done = subprocess.run([*torchrun, *command, "--out", str(multi)], timeout=120,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    a = json.loads((single / json_name).read_text())
+    b = json.loads((multi / json_name).read_text())
+    assert b["ranks"] == 2 and a["ranks"] == 1
+    assert a["kendall_tau"] == b["kendall_tau"]
+    for key in ("geodesic_mix", "geodesic_inv", "adaptive", "gap"):
+        assert [m[key] for m in a["models"]] == [m[key] for m in b["models"]], key
+    assert (multi / json_name.replace(".json", ".png")).stat().st_size > 1000
