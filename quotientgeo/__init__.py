@@ -5,6 +5,7 @@ geodesic sharpness of whole models measured on them (da Silva, Dangel & Oore, IC
 """
 
 from . import optim
+from .calibration import Calibration, calibrate_rho
 from .geometry import ParameterGeometry, Source, find_symmetries
 from .manifolds import (
     AdaptiveGeometry,
@@ -28,6 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AdaptiveGeometry",
     "AtPoint",
+    "Calibration",
     "EuclideanGeometry",
     "GLInvQuotient",
     "GLMixQuotient",
@@ -45,6 +47,7 @@ __all__ = [
     "__version__",
     "adaptive_sharpness",
     "average_sharpness",
+    "calibrate_rho",
     "find_symmetries",
     "geodesic_sharpness",
     "optim",
