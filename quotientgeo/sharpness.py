@@ -459,19 +459,20 @@ def _over_batches(model, problem_args, batches, distributed: str, seed: int, bar
     progress, per_batch, measure = bar
     bar = _bar(progress and ranks.rank == 0, _total(batches, per_batch), f"{measure} sharpness")
     offset = ranks.batch_offset(batches)
-    records, failure = [], None
+    records, failure, problem = [], None, None
     with _model_state_preserved(model), bar:
-        problem = _Problem(model, *problem_args, ranks)
-        gen = torch.Generator(device=problem.device)
         try:
+            problem = _Problem(model, *problem_args, ranks)
+            gen = torch.Generator(device=problem.device)
             for i, batch in enumerate(batches):
                 problem.batch, problem.batch_index = batch, offset + i
                 gen.manual_seed(_batch_seed(seed, offset + i))
                 records.append(one_batch(problem, gen, bar))
-        except Exception as err:
+        except Exception as err:  # the other ranks will wait in the gather below: report there
             if ranks.mode != "batches":
                 raise
-            failure = f"{problem.where()}: {type(err).__name__}: {err}"
+            where = "setup" if problem is None else problem.where()
+            failure = f"{where}: {type(err).__name__}: {err}"
     if ranks.mode == "batches":
         ranks.raise_failures(failure)
         records = [r for part in ranks.gather(records) for r in part]
