@@ -379,3 +379,27 @@ def test_unknown_rotary_layout_and_unknown_attention_warn():
     assert any("a: rotary position embeddings" in m and "pairing not known" in m for m in messages)
     assert any(m.startswith("b (StrangeAttention): attention-like") for m in messages)
     assert [b.label for b in geometry.blocks] == ["a.VO"]
+
+
+@pytest.mark.parametrize("perturbation", ["exact", "first_order"])
+def test_rotary_blocks_keep_every_perturbation_invariant(perturbation):
+    """The rotary subgroup's geodesics are the GL total space's (delegated): exact and
+    first-order geodesic sharpness are orbit-invariant too (GPT-NeoX, partial rotary)."""
+    from quotientgeo import geodesic_sharpness
+
+    model, outputs = make("gpt_neox")
+    symmetric = set(discovered(model).symmetric_names)
+    for pname, p in model.named_parameters():
+        p.requires_grad_(pname in symmetric)
+    before = outputs(model)
+    target = torch.randn(before.shape, generator=torch.Generator().manual_seed(2), dtype=DT)
+
+    def loss_fn(m, batch):
+        return (outputs(m) - target).square().mean()
+
+    kw = dict(rho=0.05, n_iter=4, progress=False, perturbation=perturbation)
+    moved = moved_along_orbits(model, scale=2.0, seed=3)
+    for metric in ("mix", "inv"):
+        a = geodesic_sharpness(model, loss_fn, [None], metric=metric, **kw).value
+        b = geodesic_sharpness(moved, loss_fn, [None], metric=metric, **kw).value
+        assert abs(a - b) / abs(a) < 1e-3, (metric, a, b)

@@ -571,3 +571,24 @@ def test_gathered_points_share_no_memory_with_parameters():
         x.add_(1.0)
     for n, p in model.named_parameters():
         assert torch.equal(p, before[n]), n
+
+
+def test_source_group_and_interleave_errors_and_round_trip():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 12).to(DT)
+    geometry = ParameterGeometry(model)
+    with pytest.raises(ValueError, match="interleave"):
+        geometry.add_gl_pair(Source("weight", rows=(0, 4), interleave=(5, 3)), "bias", heads=2)
+    with pytest.raises(ValueError, match="group"):
+        geometry.add_gl_pair(Source("weight", group=0), Source("bias", group=0), heads=2)
+    with pytest.raises(ValueError, match="grouped heads"):
+        geometry.add_gl_pair(Source("weight", group=5), Source("bias"), heads=2)
+    assert not geometry.blocks
+    # rows [a_i; b_i; c_i] per unit i: interleave=(2, 3) reads the a rows of both units
+    from quotientgeo import ScaleQuotient
+
+    geometry.add(ScaleQuotient(2), Source("weight", rows=(0, 4), interleave=(2, 3)), heads=2)
+    (x,), _ = geometry.gather()
+    W = model.weight.detach().reshape(2, 3, 2, 4)[:, 0]  # unit i's a rows: (2 rows, 4 inputs)
+    torch.testing.assert_close(x, W.transpose(1, 2), rtol=0, atol=0)
+    assert_roundtrip_exact(geometry)
