@@ -39,6 +39,17 @@ DECODER = dict(
     HIDDEN, vocab_size=VOCAB, num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2
 )
 
+SEQ2SEQ = dict(
+    d_model=32,
+    encoder_layers=1,
+    decoder_layers=1,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=48,
+    decoder_ffn_dim=48,
+    vocab_size=VOCAB,
+)
+
 
 @dataclasses.dataclass
 class Family:
@@ -46,8 +57,6 @@ class Family:
     groups: set[str]  # group names of the kinds find_symmetries must produce
     inputs: str = "ids"  # "ids", "seq2seq", "audio" or "image"
     exact: bool = True  # False: float32 RMSNorm inside, output exact to ~1e-7 only
-    rotary: bool = False
-    normed: bool = False
 
 
 def tiny_vit(depth: int = 2, **kw) -> nn.Module:
@@ -57,8 +66,12 @@ def tiny_vit(depth: int = 2, **kw) -> nn.Module:
     )  # fmt: skip
 
 
-def causal(config_cls, model_cls, **kw):
-    return lambda: model_cls(config_cls(**{**DECODER, **kw}))
+def decoder(config_cls, model_cls, qk_group: str, **kw) -> Family:
+    """A Hugging Face decoder with grouped-query attention (VO: GL(8)) whose RMSNorm runs in
+    float32, its QK blocks on ``qk_group``."""
+    return Family(
+        lambda: model_cls(config_cls(**{**DECODER, **kw})), {"GL(8)", qk_group}, exact=False
+    )
 
 
 FAMILIES = {
@@ -86,32 +99,14 @@ FAMILIES = {
         {"GL(8)"},
     ),
     "bart": Family(
-        lambda: hf.BartModel(
-            hf.BartConfig(
-                d_model=32,
-                encoder_layers=1,
-                decoder_layers=1,
-                encoder_attention_heads=4,
-                decoder_attention_heads=4,
-                encoder_ffn_dim=48,
-                decoder_ffn_dim=48,
-                vocab_size=VOCAB,
-            )
-        ),
+        lambda: hf.BartModel(hf.BartConfig(**SEQ2SEQ)),
         {"GL(8)"},
         inputs="seq2seq",
     ),
     "whisper": Family(
         lambda: hf.WhisperModel(
             hf.WhisperConfig(
-                d_model=32,
-                encoder_layers=1,
-                decoder_layers=1,
-                encoder_attention_heads=4,
-                decoder_attention_heads=4,
-                encoder_ffn_dim=48,
-                decoder_ffn_dim=48,
-                vocab_size=VOCAB,
+                **SEQ2SEQ,
                 num_mel_bins=8,
                 max_source_positions=8,
                 max_target_positions=16,
@@ -130,54 +125,26 @@ FAMILIES = {
         ),
         {"GL(8)"},
     ),
-    "llama": Family(
-        causal(hf.LlamaConfig, hf.LlamaForCausalLM),
-        {"GL(8)", "(C*)^4"},
-        exact=False,
-        rotary=True,
+    "llama": decoder(hf.LlamaConfig, hf.LlamaForCausalLM, "(C*)^4"),
+    "mistral": decoder(hf.MistralConfig, hf.MistralForCausalLM, "(C*)^4"),
+    "qwen2": decoder(hf.Qwen2Config, hf.Qwen2ForCausalLM, "(C*)^4"),
+    "qwen3": decoder(
+        hf.Qwen3Config, hf.Qwen3ForCausalLM, "positive scale R>0", head_dim=8, rms_norm_eps=1e-12
     ),
-    "mistral": Family(
-        causal(hf.MistralConfig, hf.MistralForCausalLM),
-        {"GL(8)", "(C*)^4"},
-        exact=False,
-        rotary=True,
+    "gemma2": decoder(hf.Gemma2Config, hf.Gemma2ForCausalLM, "(C*)^4", head_dim=8),
+    "gemma3": decoder(
+        hf.Gemma3TextConfig,
+        hf.Gemma3ForCausalLM,
+        "positive scale R>0",
+        head_dim=8,
+        rms_norm_eps=1e-12,
     ),
-    "qwen2": Family(
-        causal(hf.Qwen2Config, hf.Qwen2ForCausalLM),
-        {"GL(8)", "(C*)^4"},
-        exact=False,
-        rotary=True,
-    ),
-    "qwen3": Family(
-        causal(hf.Qwen3Config, hf.Qwen3ForCausalLM, head_dim=8, rms_norm_eps=1e-12),
-        {"GL(8)", "positive scale R>0"},
-        exact=False,
-        normed=True,
-    ),
-    "gemma2": Family(
-        causal(hf.Gemma2Config, hf.Gemma2ForCausalLM, head_dim=8),
-        {"GL(8)", "(C*)^4"},
-        exact=False,
-        rotary=True,
-    ),
-    "gemma3": Family(
-        causal(hf.Gemma3TextConfig, hf.Gemma3ForCausalLM, head_dim=8, rms_norm_eps=1e-12),
-        {"GL(8)", "positive scale R>0"},
-        exact=False,
-        normed=True,
-    ),
-    "phi3": Family(
-        causal(hf.Phi3Config, hf.Phi3ForCausalLM, partial_rotary_factor=0.5),
-        {"GL(8)", "(C*)^2 × GL(4)"},
-        exact=False,
-        rotary=True,
-    ),
+    "phi3": decoder(hf.Phi3Config, hf.Phi3ForCausalLM, "(C*)^2 × GL(4)", partial_rotary_factor=0.5),
     "gpt_neox": Family(
         lambda: hf.GPTNeoXForCausalLM(
             hf.GPTNeoXConfig(**{**HIDDEN, "vocab_size": VOCAB, "rotary_pct": 0.5})
         ),
         {"GL(8)", "(C*)^2 × GL(4)"},
-        rotary=True,
     ),
     "gptj": Family(
         lambda: hf.GPTJForCausalLM(
@@ -185,14 +152,12 @@ FAMILIES = {
         ),
         {"GL(8)", "(C*)^2 × GL(4)"},
         exact=False,
-        rotary=True,
     ),
     "timm_vit": Family(tiny_vit, {"GL(8)"}, inputs="image"),
     "timm_vit_qk_norm": Family(
         lambda: tiny_vit(qk_norm=True, norm_layer=functools.partial(nn.LayerNorm, eps=1e-12)),
         {"GL(8)", "positive scale R>0"},
         inputs="image",
-        normed=True,
     ),
 }
 
@@ -275,8 +240,8 @@ def test_moves_along_the_group_keep_outputs_and_geodesic_sharpness(name):
     )
 
 
-ROTARY = sorted(n for n, f in FAMILIES.items() if f.rotary)
-NORMED = sorted(n for n, f in FAMILIES.items() if f.normed)
+ROTARY = sorted(n for n, f in FAMILIES.items() if any(g.startswith("(C*)") for g in f.groups))
+NORMED = sorted(n for n, f in FAMILIES.items() if "positive scale R>0" in f.groups)
 
 
 def move_kind_(geometry, group: str, move: Callable[[torch.Tensor], torch.Tensor]) -> None:
