@@ -23,8 +23,9 @@ class PerturbationSpace:
     """Perturbations of one kind of points at a base point ``x``, through the manifold API only.
 
     ``manifold`` carries the perturbation (``move``: one of its ``expmap2``, ``retr``,
-    ``expmap`` at the cached base point) and the horizontal space; ``ball`` is the metric of
-    the ball and of the gradient: ``manifold`` itself (Riemannian norm) or the element-wise
+    ``expmap`` at the cached base point; ``first_order``: its ``retr``, whatever ``move`` is)
+    and the horizontal space; ``ball`` is the metric of the ball and of the gradient:
+    ``manifold`` itself (Riemannian norm) or the element-wise
     :class:`~quotientgeo.AdaptiveGeometry` (adaptive norm, perturbations kept horizontal).
     """
 
@@ -32,6 +33,7 @@ class PerturbationSpace:
         self.manifold = manifold
         self.point = manifold.at(x)
         self.move = functools.partial(getattr(manifold, move), self.point)
+        self.first_order = functools.partial(manifold.retr, self.point)  # ``x + ξ``
         self.ball = ball
         self.ball_point = self.point if ball is manifold else ball.at(x)
 

@@ -26,6 +26,13 @@ last checkpoint improved the best loss, or if neither the step nor the best loss
 One forward and one backward pass per iteration give both the loss at ``ξ_k`` and its
 gradient. Restarts after the first start from random horizontal directions of norm ``ρ``.
 
+The worst-case measures also report, per batch, the loss ``L_S(x + ξ*)`` at the first-order
+move (``retr`` on every block) of the worst perturbation ``ξ*`` found, and from it the
+curvature share ``(value - first_order_value) / value`` with ``first_order_value = mean_S
+L_S(x + ξ*) - L_S(x)``: the fraction of the worst-case increase that the curvature
+(Christoffel) term of the map carries, ``O(ρ)`` as ``ρ → 0``. ``return_perturbation=True``
+also returns ``ξ*`` in parameter coordinates.
+
 The model is never modified or copied: perturbed parameters are passed to
 :func:`torch.func.functional_call`; train/eval mode, buffers and ``.grad`` are restored
 bit-exactly on exit, also on exceptions and ``KeyboardInterrupt``. Loss evaluations run in eval
@@ -61,6 +68,7 @@ PERTURBATIONS = ("second_order", "first_order", "exact")
 NORMS = ("riemannian", "adaptive")
 MOMENTUM = 0.75
 MIN_UPDATE_RATIO = 0.75
+FIRST_ORDER_MOVE = "the first-order move of the worst perturbation"  # in messages
 
 
 @dataclasses.dataclass
@@ -78,6 +86,14 @@ class SharpnessResult:
             measure: ``trace[batch][0]`` lists the loss of every sample).
         settings: the switches and sizes of the run, and the geometry summary.
         wall_time: seconds.
+        first_order_losses: worst-case measures: per batch, the loss at the first-order move
+            ``x + ξ*`` (``retr`` on every block, straight lines on the rest) of the worst
+            perturbation ``ξ*`` of ``worst_losses`` (the base loss when ``ξ* = 0``;
+            ``worst_losses`` itself with ``perturbation="first_order"``). ``None`` for the
+            average measure.
+        perturbations: with ``return_perturbation=True``, per batch, ``ξ*`` as a tangent vector
+            in parameter coordinates, ``{name: tensor}`` in the parameters' shapes, dtypes and
+            device (zeros when ``ξ* = 0``; new tensors, detached); else ``None``.
     """
 
     value: float
@@ -88,10 +104,38 @@ class SharpnessResult:
     trace: list[list[list[float]]]
     settings: dict[str, Any]
     wall_time: float
+    first_order_losses: list[float] | None = None
+    perturbations: list[dict[str, Tensor]] | None = None
+
+    @property
+    def first_order_value(self) -> float:
+        """``mean_b (first_order_losses[b] - base_losses[b])``: the loss increase at the
+        first-order moves ``x + ξ*`` of the worst perturbations; NaN without
+        ``first_order_losses``."""
+        if self.first_order_losses is None:
+            return math.nan
+        per_batch = [f - b for f, b in zip(self.first_order_losses, self.base_losses, strict=True)]
+        return sum(per_batch) / len(per_batch)
+
+    @property
+    def curvature_share(self) -> float:
+        """``(value - first_order_value) / value``: the fraction of the worst-case increase that
+        the curvature (Christoffel) term of the map is responsible for (``0`` for first-order
+        moves, ``O(ρ)`` as ``ρ → 0``, negative where that term lowers the loss at ``ξ*``); NaN
+        when ``value == 0`` or without ``first_order_losses``."""
+        if self.first_order_losses is None or self.value == 0:
+            return math.nan
+        return (self.value - self.first_order_value) / self.value
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain ``dict`` of built-in types, ready for :func:`json.dumps`."""
-        return dataclasses.asdict(self)
+        """Plain ``dict`` of built-in types, ready for :func:`json.dumps`: the fields (not the
+        properties), ``perturbations`` as nested lists (:meth:`torch.Tensor.tolist`)."""
+        data = dataclasses.asdict(dataclasses.replace(self, perturbations=None))
+        if self.perturbations is not None:
+            data["perturbations"] = [
+                {name: t.tolist() for name, t in xi.items()} for xi in self.perturbations
+            ]
+        return data
 
     def __repr__(self) -> str:
         s = self.settings
@@ -189,14 +233,18 @@ class _Problem:
         scale = rho / self.sqnorm(cs).sqrt()
         return [c * scale for c in cs]
 
-    def evaluate(self, cs: list[Tensor], iteration: int, grad: bool):
+    def evaluate(
+        self, cs: list[Tensor], iteration: int | str, grad: bool, first_order: bool = False
+    ):
         """Loss at ``cs`` (detached, compute dtype) and, with ``grad``, its gradient wrt ``cs``;
-        with ``distributed="split_batch"`` both averaged over ranks."""
+        with ``distributed="split_batch"`` both averaged over ranks. ``first_order``: every
+        block moves by ``retr`` (``x + ξ``) instead of the measure's move. ``iteration``: the
+        iterate's index, or what the evaluation is, for messages."""
         self.iteration = iteration
         if self.ranks.mode != "split_batch":
-            return self._evaluate(cs, iteration, grad)
+            return self._evaluate(cs, grad, first_order)
         try:
-            loss, grads = self._evaluate(cs, iteration, grad)
+            loss, grads = self._evaluate(cs, grad, first_order)
             self.local_losses.append((self.batch_index, iteration, loss))  # checked lazily
         except Exception as err:  # the other ranks wait in the all-reduce below: join them
             if self.failure is None:
@@ -206,7 +254,22 @@ class _Problem:
         return self.ranks.average(loss, grads)
 
     def where(self) -> str:
-        return f"batch {self.batch_index}, iteration {self.iteration}"
+        return f"batch {self.batch_index}, {_at(self.iteration)}"
+
+    def first_order_loss(self, cs: list[Tensor]) -> float:
+        """Loss at the first-order move ``x + ξ`` of ``cs``: one no-grad forward through
+        :meth:`evaluate` (rank-averaged with ``split_batch``); a failing ``loss_fn`` or a
+        non-finite loss raises as in the maximiser."""
+        loss, _ = self.evaluate(cs, FIRST_ORDER_MOVE, grad=False, first_order=True)
+        self.check_finite(loss.reshape(1), 0, 0, at=FIRST_ORDER_MOVE)
+        return float(loss)
+
+    def tangent(self, cs: list[Tensor]) -> dict[str, Tensor]:
+        """``cs`` in parameter coordinates, as new detached tensors. ``scatter`` is linear: views,
+        transposes, concatenations and slice scatters that overwrite every entry (covered ones
+        from the blocks, the others from the adaptive vector)."""
+        values = self.geometry.scatter(cs[:-1], cs[-1])
+        return {name: t.detach().clone() for name, t in values.items()}
 
     def local_failure(self) -> str | None:
         """split_batch: what failed on this rank (an exception, else its first non-finite
@@ -215,17 +278,18 @@ class _Problem:
             return self.failure
         for batch, iteration, loss in self.local_losses:
             if not bool(torch.isfinite(loss)):
-                return f"non-finite loss ({float(loss)}) on batch {batch} at iteration {iteration}"
+                return f"non-finite loss ({float(loss)}) on batch {batch} at {_at(iteration)}"
         return None
 
-    def _evaluate(self, cs: list[Tensor], iteration: int, grad: bool):
+    def _evaluate(self, cs: list[Tensor], grad: bool, first_order: bool):
         with torch.enable_grad() if grad else torch.no_grad():
             leaves = [c.detach().requires_grad_(grad) for c in cs]
-            ys = [b.move(c) for b, c in zip(self.blocks, leaves, strict=True)]
+            moves = [b.first_order if first_order else b.move for b in self.blocks]
+            ys = [move(c) for move, c in zip(moves, leaves, strict=True)]
             params = self.geometry.scatter(ys[:-1], ys[-1])
             params = {f"model.{name}": t for name, t in params.items()}
             loss = torch.func.functional_call(self.wrapper, params, (self.batch,))
-            where = f"batch {self.batch_index}, iteration {iteration}"
+            where = self.where()
             if not isinstance(loss, Tensor):
                 raise TypeError(
                     f"loss_fn must return a scalar tensor, got {type(loss).__name__} ({where})"
@@ -244,7 +308,9 @@ class _Problem:
         grads = [torch.zeros_like(c) if g is None else g for c, g in zip(cs, grads, strict=True)]
         return loss.detach().reshape(()).to(self.dtype), grads
 
-    def check_finite(self, losses: Tensor, upto: int, restart: int) -> None:
+    def check_finite(self, losses: Tensor, upto: int, restart: int, at: str | None = None):
+        """Raise (on every rank) if ``losses[: upto + 1]`` are not all finite; ``at`` names the
+        evaluation in the message instead of the iteration and restart."""
         finite = torch.isfinite(losses[: upto + 1])
         if self.ranks.mode == "split_batch":
             if not bool(finite.all()):  # every rank sees the same averaged losses: all get here
@@ -252,10 +318,16 @@ class _Problem:
             self.local_losses.clear()
         if not bool(finite.all()):
             k = int((~finite).nonzero()[0, 0])
+            at = f"iteration {k} (restart {restart})" if at is None else at
             raise ValueError(
                 f"loss_fn returned a non-finite loss ({float(losses[k])}) on batch "
-                f"{self.batch_index} at iteration {k} (restart {restart}); the model is restored"
+                f"{self.batch_index} at {at}; the model is restored"
             )
+
+
+def _at(iteration: int | str) -> str:
+    """An evaluation as messages name it: ``iteration k``, or its description."""
+    return f"iteration {iteration}" if isinstance(iteration, int) else iteration
 
 
 def _checkpoints(n_iter: int) -> list[int]:
@@ -497,6 +569,7 @@ def geodesic_sharpness(
     eps: float | None = None,
     progress: bool = True,
     distributed: str = "batches",
+    return_perturbation: bool = False,
     _measure: str = "geodesic",
 ) -> SharpnessResult:
     """Worst-case geodesic sharpness ``mean_S max_{||ξ||_x ≤ ρ} L_S(γ_ξ(1)) - L_S(x)``.
@@ -534,6 +607,11 @@ def geodesic_sharpness(
             form one batch: one shared perturbation, loss and gradient averaged over ranks
             each iteration; equally sized rank batches) or ``"off"`` (local results); see
             :mod:`quotientgeo.ranks`. Without a process group it changes nothing.
+        return_perturbation: also return each batch's worst perturbation ``ξ*`` in parameter
+            coordinates (``SharpnessResult.perturbations``; one parameter-sized copy per batch).
+
+    The result's ``first_order_losses`` (one extra no-grad forward per batch unless
+    ``perturbation="first_order"``) give :attr:`SharpnessResult.curvature_share`.
 
     Random draws (restarts after the first, average-case samples) are seeded per batch by
     ``(seed, batch index)``, so a batch gets the same draws however batches are split.
@@ -544,6 +622,8 @@ def geodesic_sharpness(
     """
     rho, n_iter, seed = _check_common(rho, "n_iter", n_iter, seed)
     restarts = positive_int("restarts", restarts)
+    if not isinstance(return_perturbation, bool):
+        raise TypeError(f"return_perturbation must be True or False, got {return_perturbation!r}")
     metric = checked_metric(metric)
     geometry = _setup(
         model, loss_fn, symmetries, metric, perturbation, norm, warn_missing=_measure != "adaptive"
@@ -564,14 +644,24 @@ def geodesic_sharpness(
                 worst, worst_c = best, best_c
             trace.append(torch.cummax(losses, 0).values.tolist())
         norm_c = 0.0 if worst_c is None else float(problem.sqnorm(worst_c).sqrt())
-        return base, worst, norm_c, trace
+        # the same move, or ξ* = 0 (the base point): no extra forward pass
+        same = perturbation == "first_order" or worst_c is None
+        first = worst if same else problem.first_order_loss(worst_c)
+        xi = None
+        if return_perturbation:
+            xi = problem.tangent(problem.zeros() if worst_c is None else worst_c)
+            if problem.ranks.mode == "batches":  # gathered as pickled objects: via the host
+                xi = {name: t.cpu() for name, t in xi.items()}
+        return base, worst, norm_c, trace, first, xi
 
     problem_args = (loss_fn, geometry, metric, perturbation, norm, eps)
     records, ranks = _over_batches(
         model, problem_args, batches, distributed, seed, (progress, restarts * n_iter, _measure),
         one_batch,
     )  # fmt: skip
-    base_losses, worst_losses, norms, traces = (list(v) for v in zip(*records, strict=True))
+    base_losses, worst_losses, norms, traces, first_order_losses, xis = (
+        list(v) for v in zip(*records, strict=True)
+    )
     per_batch = [w - b for w, b in zip(worst_losses, base_losses, strict=True)]
     settings = _settings(
         _measure,
@@ -597,6 +687,12 @@ def geodesic_sharpness(
         trace=traces,
         settings=settings,
         wall_time=time.perf_counter() - t0,
+        first_order_losses=first_order_losses,
+        perturbations=(
+            [{name: t.to(geometry.device) for name, t in xi.items()} for xi in xis]
+            if return_perturbation
+            else None
+        ),
     )
 
 

@@ -43,7 +43,8 @@ HALVES = {0: batch(20), 1: batch(21)}
 def measures(m, batches, distributed="batches"):
     kw = dict(KW, distributed=distributed)
     return {
-        "mix": geodesic_sharpness(m, cross_entropy, batches, metric="mix", **kw),
+        "mix": geodesic_sharpness(m, cross_entropy, batches, metric="mix",
+                                  return_perturbation=True, **kw),
         "inv": geodesic_sharpness(m, cross_entropy, batches, metric="inv", **kw),
         "adaptive": adaptive_sharpness(m, cross_entropy, batches, **kw),
         "average": average_sharpness(m, cross_entropy, batches, rho=0.05, n_samples=4,
@@ -54,7 +55,11 @@ def measures(m, batches, distributed="batches"):
 def summary(results) -> dict:
     return {
         k: {"value": r.value, "per_batch": r.per_batch, "base": r.base_losses,
-            "norms": r.perturbation_norms, "n": r.settings["n_batches"]}
+            "norms": r.perturbation_norms, "n": r.settings["n_batches"],
+            "first_order": r.first_order_losses,  # None for the average measure
+            # ||ξ*||² in parameter coordinates (None unless return_perturbation)
+            "xi": None if r.perturbations is None else
+                  [sum(float(t.square().sum()) for t in xi.values()) for xi in r.perturbations]}
         for k, r in results.items()
     }  # fmt: skip
 
@@ -108,7 +113,10 @@ def assert_same(distributed: dict, single: dict) -> None:
     for key, expected in single.items():
         got = distributed[key]
         assert got["n"] == expected["n"], key
-        for field in ("per_batch", "base", "norms"):
+        for field in ("per_batch", "base", "norms", "first_order", "xi"):
+            if expected[field] is None:
+                assert got[field] is None, (key, field)
+                continue
             torch.testing.assert_close(
                 torch.tensor(got[field]), torch.tensor(expected[field]), rtol=1e-9, atol=1e-12
             )
