@@ -21,15 +21,18 @@ EXPECTED = {
     "invariance": ("invariance.json", ["invariance.png"], None),
     "transformers": (
         "transformers.json",
-        ["transformers.png"],
+        ["transformers.png", "tau_by_rho.png"],
         [
             "adaptive",
-            "geodesic_inv",
-            "geodesic_mix",
             "no_symmetry",
-            "first_order_mix",
-            "exact_mix",
-            "norm_adaptive_mix",
+            *(
+                f"{row}_{metric}"
+                for metric in ("inv", "mix")
+                for row in ("geodesic", "first_order", "exact", "norm_adaptive")
+            ),
+            "spectrum_s0.25",
+            "spectrum_s0.5",
+            "spectrum_s0.75",
         ],
     ),
     "rho-sweep": ("rho_sweep.json", ["rho_sweep.png"], None),
@@ -92,22 +95,53 @@ def test_invariance_quick_is_invariant(quick):
     assert payload["max_relative_deviation"]["geodesic_inv"] < 1e-3
 
 
-def test_transformers_reuses_cache(tmp_path, capsys):
-    args = [
-        "reproduce",
-        "transformers",
-        "--quick",
-        "--no-progress",
-        "--out",
-        str(tmp_path),
-        "--n-models",
-        "3",
-        "--n-iter",
-        "1",
-    ]
-    main(args)
-    main(args)
-    assert "3/3 models from the cache" in capsys.readouterr().out
+def test_transformers_quick_fields(quick):
+    """τ across ρ, its bands, curvature shares, calibrated radii and both ablation radii."""
+    _, d = quick("transformers")
+    measures = ("adaptive", "geodesic_inv", "geodesic_mix")
+    grid, n = d["grid_factors"], d["n_models"]
+    assert len(d["models"]) == n >= 5
+    for m in measures:
+        # ρ grid = factors times the measure's calibrated radius; τ(ρ) keyed by that grid
+        rho1 = d["calibration"][m]["rho"]
+        assert d["rho_grid"][m] == pytest.approx([f * rho1 for f in grid], rel=1e-12)
+        assert list(d["tau_by_rho"][m]) == [f"{r:.4g}" for r in d["rho_grid"][m]]
+        for rho, tau in d["tau_by_rho"][m].items():
+            lo, hi = d["tau_interval_by_rho"][m][rho]
+            assert -1.0 <= lo <= tau <= hi <= 1.0, (m, rho)
+        assert all(len(model["grid"][m]) == len(grid) for model in d["models"])
+    # the curvature share is a fraction of the worst-case value, for both geodesic measures
+    for m in ("geodesic_inv", "geodesic_mix"):
+        shares = list(d["curvature_share_by_rho"][m].values())
+        assert len(shares) == len(grid) and all(-1.0 < s < 1.0 for s in shares)
+    # every ball reaches the target on the reference model within the calibration tolerance
+    for row, cal in d["calibration"].items():
+        assert abs(cal["value"] - d["target_nats"]) <= 0.3 * d["target_nats"], row
+    radii = d["radii"]
+    assert radii["fixed"]["factor"] == 1.0 and radii["best"]["factor"] in grid
+    taus = zip(
+        *(d["tau_by_rho"][m].values() for m in ("geodesic_inv", "geodesic_mix")), strict=True
+    )
+    score = [-1.0 if None in t else (abs(t[0]) + abs(t[1])) / 2 for t in taus]  # None: undefined
+    assert score[grid.index(radii["best"]["factor"])] == max(score)
+    for name in ("fixed", "best"):
+        rho = radii[name]["rho"]
+        for metric in ("inv", "mix"):  # perturbation ablations keep the geodesic row's ball
+            for row in ("first_order", "exact"):
+                assert rho[f"{row}_{metric}"] == rho[f"geodesic_{metric}"]
+        assert rho["no_symmetry"] == rho["adaptive"]
+        for model in d["models"]:  # symmetry off is adaptive sharpness, by construction
+            assert model["ablations"][name]["no_symmetry"] == model["ablations"][name]["adaptive"]
+    assert set(d["kendall_tau_best"]) == set(d["kendall_tau"])
+    assert d["failures"] == []
+
+
+def test_transformers_reuses_cache(quick, capsys):
+    out, payload = quick("transformers")
+    args = ["reproduce", "transformers", "--quick", "--no-progress", "--out", str(out)]
+    assert main([*args, "--n-iter", "1"]) == 0
+    n = payload["n_models"]
+    assert f"{n}/{n} models from the cache" in capsys.readouterr().out
 
 
 def test_toy_riemannian_quantities_are_invariant(quick):

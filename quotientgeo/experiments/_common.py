@@ -9,7 +9,7 @@ import math
 import os
 import platform
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +20,12 @@ __all__ = [
     "add_common_arguments",
     "finite_or_none",
     "kendall",
+    "kendall_interval",
     "out_dir",
     "print_table",
     "progress",
     "save_figure",
+    "spawn",
     "threads",
     "write_json",
 ]
@@ -69,12 +71,50 @@ def threads(n: int) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
+def finite_pairs(x: Sequence[float], y: Sequence[float]):
+    """``x`` and ``y`` as float arrays without the pairs where either is not finite."""
+    import numpy as np
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    keep = np.isfinite(x) & np.isfinite(y)
+    return x[keep], y[keep]
+
+
 def kendall(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
-    """Kendall τ-b of ``x`` and ``y`` and its two-sided p-value (:func:`scipy.stats.kendalltau`)."""
+    """Kendall τ-b of ``x`` and ``y`` and its two-sided p-value (:func:`scipy.stats.kendalltau`),
+    over the pairs where both are finite."""
     from scipy.stats import kendalltau
 
-    res = kendalltau(x, y)
+    res = kendalltau(*finite_pairs(x, y))
     return float(res.statistic), float(res.pvalue)
+
+
+def kendall_interval(
+    x: Sequence[float],
+    y: Sequence[float],
+    *,
+    confidence: float = 0.9,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of Kendall τ-b over models: pairs ``(x_i, y_i)`` resampled
+    with replacement (:func:`scipy.stats.bootstrap`, ``paired=True``) among the finite pairs;
+    resamples on which τ is undefined (one side constant) are left out of the percentiles."""
+    import numpy as np
+    from scipy.stats import bootstrap, kendalltau
+
+    res = bootstrap(
+        finite_pairs(x, y),
+        lambda a, b: kendalltau(a, b).statistic,
+        paired=True,
+        vectorized=False,
+        n_resamples=resamples,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
+    tail = 50 * (1 - confidence)
+    lo, hi = np.nanpercentile(res.bootstrap_distribution, [tail, 100 - tail])
+    return float(lo), float(hi)
 
 
 def finite_or_none(value: Any) -> Any:
@@ -147,7 +187,7 @@ class Population:
 
     def __enter__(self) -> Population:
         dist = torch.distributed
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available():
+        if under_torchrun() and dist.is_available():
             if not dist.is_initialized():
                 dist.init_process_group("gloo")
                 self._created = True
@@ -166,6 +206,16 @@ class Population:
         """Indices of the members this rank handles."""
         return list(range(self.rank, n, self.world))
 
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], *, bar=None) -> list[Any]:
+        """``[fn(item) for item in items]`` with the items split over the ranks (:meth:`mine`)
+        and the results gathered on every rank; ``bar`` (a tqdm bar) advances per local item."""
+        records = {}
+        for k in self.mine(len(items)):
+            records[k] = fn(items[k])
+            if bar is not None:
+                bar.update(1)
+        return self.gather(records)
+
     def gather(self, records: dict[int, Any]) -> list[Any]:
         """``{index: record}`` of every rank merged, as a list in population order."""
         if self.world > 1:
@@ -173,3 +223,32 @@ class Population:
             torch.distributed.all_gather_object(parts, records)
             records = {k: v for part in parts for k, v in part.items()}
         return [records[k] for k in sorted(records)]
+
+
+def under_torchrun() -> bool:
+    """Whether this process is one rank of a ``torchrun`` (or :func:`spawn`) launch."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def spawn(run: Callable[[argparse.Namespace], int], args: argparse.Namespace, workers: int) -> int:
+    """Run ``run(args)`` in ``workers`` local processes that form a gloo process group, as
+    ``torchrun --standalone --nproc_per_node workers`` would (a :class:`Population` splits the
+    work; rank 0 reports). Returns 0, or raises if a worker failed."""
+    import socket
+
+    with socket.socket() as sock:  # a free port on the loopback interface
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torch.multiprocessing.spawn(_worker, args=(run, args, workers, port), nprocs=workers)
+    return 0
+
+
+def _worker(rank: int, run, args: argparse.Namespace, world: int, port: int) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+    )
+    run(args)
