@@ -175,10 +175,10 @@ def test_population_commands_under_torchrun_write_what_one_process_writes(
     base = [sys.executable, "-W", "ignore"]
     command = ["-m", "quotientgeo.cli", "reproduce", name, "--quick", "--no-progress"]
     single, multi = tmp_path / "single", tmp_path / "multi"
-    subprocess.run([*base, *command, "--out", str(single)], check=True, timeout=120,
+    subprocess.run([*base, *command, "--out", str(single)], check=True, timeout=300,
                    capture_output=True)  # fmt: skip
     torchrun = [*base, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    done = subprocess.run([*torchrun, *command, "--out", str(multi)], timeout=120,
+    done = subprocess.run([*torchrun, *command, "--out", str(multi)], timeout=300,
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     a = json.loads((single / json_name).read_text())
