@@ -136,6 +136,18 @@ def test_transformers_quick_fields(quick):
     assert d["failures"] == []
 
 
+def test_transformers_figures_redraw_from_json(quick, tmp_path):
+    """The documented re-draw: both figures from a finished run's JSON, as written."""
+    from quotientgeo.experiments import transformers
+
+    out, payload = quick("transformers")
+    drawn = transformers.figures(payload, tmp_path)
+    assert [p.name for p in drawn] == ["transformers.png", "tau_by_rho.png"]
+    for p in drawn:
+        assert p.stat().st_size > 10_000
+        assert p.read_bytes()[:8] == (out / p.name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_transformers_reuses_cache(quick, capsys):
     out, payload = quick("transformers")
     args = ["reproduce", "transformers", "--quick", "--no-progress", "--out", str(out)]

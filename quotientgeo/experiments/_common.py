@@ -9,6 +9,7 @@ import math
 import os
 import platform
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -101,17 +102,19 @@ def kendall_interval(
     with replacement (:func:`scipy.stats.bootstrap`, ``paired=True``) among the finite pairs;
     resamples on which τ is undefined (one side constant) are left out of the percentiles."""
     import numpy as np
-    from scipy.stats import bootstrap, kendalltau
+    from scipy.stats import DegenerateDataWarning, bootstrap, kendalltau
 
-    res = bootstrap(
-        finite_pairs(x, y),
-        lambda a, b: kendalltau(a, b).statistic,
-        paired=True,
-        vectorized=False,
-        n_resamples=resamples,
-        method="percentile",
-        rng=np.random.default_rng(seed),
-    )
+    with warnings.catch_warnings():  # scipy warns of NaN resamples, which nanpercentile drops
+        warnings.simplefilter("ignore", DegenerateDataWarning)
+        res = bootstrap(
+            finite_pairs(x, y),
+            lambda a, b: kendalltau(a, b).statistic,
+            paired=True,
+            vectorized=False,
+            n_resamples=resamples,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        )
     tail = 50 * (1 - confidence)
     lo, hi = np.nanpercentile(res.bootstrap_distribution, [tail, 100 - tail])
     return float(lo), float(hi)

@@ -37,6 +37,7 @@ import dataclasses
 import math
 import statistics
 import time
+from pathlib import Path
 
 from . import _common as C
 from . import _finetune, _vit
@@ -190,37 +191,64 @@ def best_factor(tau: dict[str, list[float]], grid) -> float:
     return grid[max(range(len(grid)), key=lambda i: (score[i], -i))]
 
 
-def scatter_figure(gap, values: dict, taus: dict, radii: dict, path):
-    """Sharpness vs gap of the three measures at both radii."""
+def _number(value) -> float:
+    """A JSON value back as a float (``None``, written for NaN, becomes NaN)."""
+    return math.nan if value is None else float(value)
+
+
+def scatter_figure(payload: dict, path: Path) -> Path:
+    """Sharpness vs gap of the three measures, one row per distinct radius, coloured by the
+    members' augmentation."""
+    from matplotlib.ticker import NullFormatter
+
     plt = C.pyplot()
-    names = list(radii)
-    fig, axes = plt.subplots(len(names), 3, figsize=(13, 3.6 * len(names)), squeeze=False)
-    for r, name in enumerate(names):
+    models, radii = payload["models"], payload["radii"]
+    taus = {"fixed": payload["kendall_tau"], "best": payload["kendall_tau_best"]}
+    rows: dict[float, list[str]] = {}
+    for name, radius in radii.items():
+        rows.setdefault(radius["factor"], []).append(name)
+    augments = sorted({r["augment"] for r in models})
+    fig, axes = plt.subplots(len(rows), 3, figsize=(13, 3.8 * len(rows)), squeeze=False)
+    for r, (factor, names) in enumerate(rows.items()):
+        name = names[0]
         for c, m in enumerate(MEASURES):
             ax = axes[r][c]
-            ax.scatter(values[name][m], gap, s=18, alpha=0.8)
+            for augment in augments:
+                mine = [k for k in models if k["augment"] == augment]
+                x = [_number(k["ablations"][name][m]) for k in mine]
+                ax.scatter(x, [k["gap"] for k in mine], s=18, alpha=0.8, label=augment)
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_xlabel(f"{m.replace('_', ' ')} sharpness (ρ = {radii[name]['rho'][m]:.3g})")
-            ax.set_title(f"{name} radius: τ = {taus[name][m]:+.2f}")
+            ax.set_title(
+                f"{' = '.join(names)} radius, f = {factor:.3g}: τ = {_number(taus[name][m]):+.2f}"
+            )
         axes[r][0].set_ylabel("gap (test - train error)")
-    fig.suptitle("ViTs fine-tuned on digits 5–9 from one pretrained model")
+    axes[0][0].legend(title="augmentation", fontsize=8)
+    fig.suptitle(f"{len(models)} ViTs fine-tuned on digits 5–9 from one pretrained model")
     fig.tight_layout()
     return C.save_figure(fig, path)
 
 
-def tau_figure(grid, tau, band, med, share, radii, path):
+def tau_figure(payload: dict, path: Path) -> Path:
     """τ(ρ) with bootstrap bands, median sharpness and curvature share, against ``ρ / ρ₁``."""
     plt = C.pyplot()
+    grid = payload["grid_factors"]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for m in MEASURES:
         label = m.replace("_", " ")
-        (line,) = axes[0].plot(grid, tau[m], marker="o", label=label)
-        lo, hi = zip(*band[m], strict=True)
+        keys = [key(r) for r in payload["rho_grid"][m]]
+        tau = [_number(payload["tau_by_rho"][m][k]) for k in keys]
+        (line,) = axes[0].plot(grid, tau, marker="o", label=label)
+        band = [payload["tau_interval_by_rho"][m][k] for k in keys]
+        lo, hi = ([_number(b[i]) for b in band] for i in (0, 1))
         axes[0].fill_between(grid, lo, hi, color=line.get_color(), alpha=0.15)
-        axes[1].plot(grid, med[m], marker="o", label=label)
-        if m in share:
-            axes[2].plot(grid, share[m], marker="o", label=label, color=line.get_color())
-    for name, radius in radii.items():
+        med = [_number(payload["median_sharpness_by_rho"][m][k]) for k in keys]
+        axes[1].plot(grid, med, marker="o", label=label)
+        if m in payload["curvature_share_by_rho"]:
+            share = [_number(payload["curvature_share_by_rho"][m][k]) for k in keys]
+            axes[2].plot(grid, share, marker="o", label=label, color=line.get_color())
+    for name, radius in payload["radii"].items():
         axes[0].axvline(radius["factor"], color="grey", ls=":" if name == "fixed" else "--", lw=1)
     axes[0].axhline(0.0, color="black", lw=0.5)
     axes[0].set_ylabel("Kendall τ with the gap (90 % bootstrap band)")
@@ -233,6 +261,15 @@ def tau_figure(grid, tau, band, med, share, radii, path):
         ax.legend(fontsize=8)
     fig.tight_layout()
     return C.save_figure(fig, path)
+
+
+def figures(payload: dict, out: Path) -> list[Path]:
+    """Draw ``transformers.png`` and ``tau_by_rho.png`` in ``out`` from the command's JSON
+    (``json.load`` of ``transformers.json``), so a finished run can be re-drawn."""
+    return [
+        scatter_figure(payload, out / "transformers.png"),
+        tau_figure(payload, out / "tau_by_rho.png"),
+    ]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -439,14 +476,6 @@ def run(args: argparse.Namespace) -> int:
         f"{sum(m['cached'] for _, m in members)}/{n} models from the cache"
     )
 
-    measured = {name: {m: at[name][m] for m in MEASURES} for name in radii}
-    tau_at = {name: {m: taus[name][m][0] for m in MEASURES} for name in radii}
-    radius_plot = {
-        name: {"factor": f, "rho": radius_info[name]["rho"]} for name, f in radii.items()
-    }
-    scatter_figure(gap, measured, tau_at, radius_plot, out / "transformers.png")
-    tau_figure(grid, tau, band, med, share, radius_plot, out / "tau_by_rho.png")
-
     def by_rho(m, series):
         return {key(r): C.finite_or_none(v) for r, v in zip(rhos[m], series, strict=True)}
 
@@ -467,44 +496,43 @@ def run(args: argparse.Namespace) -> int:
                 },
             }
         )
-    C.write_json(
-        out / "transformers.json",
-        {
-            "command": "transformers",
-            "quick": args.quick,
-            "seed": seed,
-            "n_models": n,
-            "n_iter": size.n_iter,
-            "sharpness_samples": size.n_batches * size.batch,
-            "sharpness_batches": size.n_batches,
-            "target_nats": target,
-            "calibration": calibration,
-            "grid_factors": grid,
-            "rho_grid": rhos,
-            "tau_by_rho": {m: by_rho(m, tau[m]) for m in MEASURES},
-            "tau_interval_by_rho": {
-                m: {
-                    key(r): [C.finite_or_none(v) for v in b]
-                    for r, b in zip(rhos[m], band[m], strict=True)
-                }
-                for m in MEASURES
-            },
-            "p_value_by_rho": {m: by_rho(m, pvalue[m]) for m in MEASURES},
-            "median_sharpness_by_rho": {m: by_rho(m, med[m]) for m in MEASURES},
-            "curvature_share_by_rho": {m: by_rho(m, share[m]) for m in share},
-            "radii": radius_info,
-            "kendall_tau": {row: C.finite_or_none(t) for row, (t, _) in taus["fixed"].items()},
-            "p_value": {row: C.finite_or_none(p) for row, (_, p) in taus["fixed"].items()},
-            "kendall_tau_best": {row: C.finite_or_none(t) for row, (t, _) in taus["best"].items()},
-            "p_value_best": {row: C.finite_or_none(p) for row, (_, p) in taus["best"].items()},
-            "failures": failures,
-            "paper": PAPER,
-            "pretrained": base["metrics"],
-            "models": records,
-            "ranks": world,
-            "seconds": {**seconds, "total": time.perf_counter() - t0},
+    payload = {
+        "command": "transformers",
+        "quick": args.quick,
+        "seed": seed,
+        "n_models": n,
+        "n_iter": size.n_iter,
+        "sharpness_samples": size.n_batches * size.batch,
+        "sharpness_batches": size.n_batches,
+        "target_nats": target,
+        "calibration": calibration,
+        "grid_factors": grid,
+        "rho_grid": rhos,
+        "tau_by_rho": {m: by_rho(m, tau[m]) for m in MEASURES},
+        "tau_interval_by_rho": {
+            m: {
+                key(r): [C.finite_or_none(v) for v in b]
+                for r, b in zip(rhos[m], band[m], strict=True)
+            }
+            for m in MEASURES
         },
-    )
+        "p_value_by_rho": {m: by_rho(m, pvalue[m]) for m in MEASURES},
+        "median_sharpness_by_rho": {m: by_rho(m, med[m]) for m in MEASURES},
+        "curvature_share_by_rho": {m: by_rho(m, share[m]) for m in share},
+        "radii": radius_info,
+        "kendall_tau": {row: C.finite_or_none(t) for row, (t, _) in taus["fixed"].items()},
+        "p_value": {row: C.finite_or_none(p) for row, (_, p) in taus["fixed"].items()},
+        "kendall_tau_best": {row: C.finite_or_none(t) for row, (t, _) in taus["best"].items()},
+        "p_value_best": {row: C.finite_or_none(p) for row, (_, p) in taus["best"].items()},
+        "failures": failures,
+        "paper": PAPER,
+        "pretrained": base["metrics"],
+        "models": records,
+        "ranks": world,
+        "seconds": {**seconds, "total": time.perf_counter() - t0},
+    }
+    C.write_json(out / "transformers.json", payload)
+    figures(payload, out)
     print(
         f"wrote {out / 'transformers.json'}, {out / 'transformers.png'}, {out / 'tau_by_rho.png'}"
     )
