@@ -6,15 +6,17 @@ feed-forward width ``4d``) on one batch of ``batch × seq`` random inputs. Conte
 :func:`.timing.interleaved`:
 
 - ``floor``: one forward pass and ``loss.backward()``;
-- for adaptive sharpness and geodesic sharpness (mix, inv): a run with ``n_iter`` and a run
-  with ``n_iter + extra`` iterations. Per round, seconds per iteration are
+- for adaptive sharpness, geodesic sharpness (mix, inv; second-order map) and exact geodesic
+  sharpness (inv, closed-form geodesic): a run with ``n_iter`` and a run with
+  ``n_iter + extra`` iterations. Per round, seconds per iteration are
   ``(long - short) / extra``: setup, the base-point factorizations and the last forward pass
   cancel.
 
-Ratios (``geodesic_mix/adaptive``, ``geodesic_inv/adaptive``, ``adaptive/floor``) are medians
-over rounds of the per-round ratios; seconds are medians over rounds. On CUDA the JSON also
-holds the peak memory of one forward+backward pass and of each measure (``n_iter``
-iterations), and each measure's peak over ``1.2 × floor + one copy of the parameters``.
+Ratios (``geodesic_mix/adaptive``, ``geodesic_inv/adaptive``, ``adaptive/floor``,
+``exact_inv/second_order_inv``) are medians over rounds of the per-round ratios; seconds are
+medians over rounds. On CUDA the JSON also holds the peak memory of one forward+backward pass
+and of each measure (``n_iter`` iterations), and each measure's peak over
+``1.2 × floor + one copy of the parameters``.
 """
 
 from __future__ import annotations
@@ -32,13 +34,15 @@ from .timing import interleaved, median_ratio
 
 MEASURES = {
     "adaptive": (adaptive_sharpness, {}),
-    "geodesic_mix": (geodesic_sharpness, {"metric": "mix"}),
-    "geodesic_inv": (geodesic_sharpness, {"metric": "inv"}),
+    "geodesic_mix": (geodesic_sharpness, {"metric": "mix", "perturbation": "second_order"}),
+    "geodesic_inv": (geodesic_sharpness, {"metric": "inv", "perturbation": "second_order"}),
+    "geodesic_inv_exact": (geodesic_sharpness, {"metric": "inv", "perturbation": "exact"}),
 }
 RATIOS = {
     "geodesic_mix/adaptive": ("geodesic_mix", "adaptive"),
     "geodesic_inv/adaptive": ("geodesic_inv", "adaptive"),
     "adaptive/floor": ("adaptive", "floor"),
+    "exact_inv/second_order_inv": ("geodesic_inv_exact", "geodesic_inv"),
 }
 
 
@@ -109,9 +113,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"floor (forward+backward): {out['floor_s']:.4f} s")
     for name in MEASURES:
-        print(f"{name:>13}: {out[f'{name}_s']:.4f} s/iteration")
+        print(f"{name:>18}: {out[f'{name}_s']:.4f} s/iteration")
     for key, value in out["ratios"].items():
-        print(f"{key:>22}: {value:.3f}")
+        print(f"{key:>27}: {value:.3f}")
     return 0
 
 

@@ -43,7 +43,7 @@ class RescaleQuotient(QuotientManifold):
             cls = _metric_class("inv" if metric is None else metric)
         return super().__new__(cls)
 
-    def __init__(self, metric: str | None = None, *, exp_steps: int = 10):
+    def __init__(self, metric: str | None = None, *, exp_steps: int | None = None):
         if metric is not None and not isinstance(self, _metric_class(metric)):
             raise ValueError(f"{type(self).__name__} does not have the metric {metric!r}")
         super().__init__(exp_steps=exp_steps)

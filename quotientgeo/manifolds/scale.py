@@ -49,7 +49,7 @@ class ScaleQuotient(QuotientManifold):
     name = "ScaleQuotient"
     ndim = 1
 
-    def __init__(self, ndim: int = 1, *, exp_steps: int = 10):
+    def __init__(self, ndim: int = 1, *, exp_steps: int | None = None):
         ndim = positive_int("ndim", ndim, "dimensions of a block")
         super().__init__(exp_steps=exp_steps)
         self.ndim = ndim

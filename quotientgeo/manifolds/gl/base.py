@@ -3,16 +3,35 @@ r"""GL(h) two-factor quotient: pairs ``(G, H)`` that enter a network only throug
 from __future__ import annotations
 
 import abc
+from typing import NamedTuple
 
 import torch
 
 from ...linalg import cholesky, cholesky_inverse, gram, mT
 from ...validation import is_real, positive_int, real_in
 from ..base import AtPoint, QuotientManifold
+from ..ode import rk4
 
 Tensor = torch.Tensor
 
-__all__ = ["GLQuotient"]
+__all__ = ["GLQuotient", "Products"]
+
+
+class Products(NamedTuple):
+    """The ``h × h`` products of a GL point and tangent vectors ``u``, ``v`` that every metric's
+    Christoffel coefficients are formed from (:meth:`GLQuotient.gamma_coefficients`).
+
+    ``uF = (u_Gᵀ G, u_Hᵀ H)``, ``vF = (v_Gᵀ G, v_Hᵀ H)``, ``uv = (u_Gᵀ v_G, u_Hᵀ v_H)``; the
+    Gram matrices ``P = GᵀG + eps·I``, ``Q = HᵀH + eps·I`` and their inverses.
+    """
+
+    P: Tensor
+    Q: Tensor
+    P_inv: Tensor
+    Q_inv: Tensor
+    uF: tuple[Tensor, Tensor]
+    vF: tuple[Tensor, Tensor]
+    uv: tuple[Tensor, Tensor]
 
 
 def _metric_class(metric) -> type[GLQuotient]:
@@ -64,7 +83,8 @@ class GLQuotient(QuotientManifold):
         n: number of rows of ``G`` (``m`` follows from the point's shape).
         metric: ``"inv"`` (default), ``"mix"`` or the interpolation weight ``s``.
         eps: Gram relaxation ``≥ 0``.
-        exp_steps: RK4 steps of :meth:`expmap`.
+        exp_steps: RK4 steps of :meth:`geodesic` where it integrates; ``None`` (default)
+            chooses them from the velocity for a stated accuracy.
         dense_max: largest ``h²`` for which the generic projection (interpolated metric)
             forms the normal equations densely.
     """
@@ -83,7 +103,7 @@ class GLQuotient(QuotientManifold):
         metric: str | float | None = None,
         eps: float = 0.0,
         *,
-        exp_steps: int = 10,
+        exp_steps: int | None = None,
         dense_max: int = 64,
     ):
         n = positive_int("n", n, "rows of G")
@@ -231,21 +251,82 @@ class GLQuotient(QuotientManifold):
         value = (W_G * (mT(uG) @ vG)).sum((-2, -1)) + (W_H * (mT(uH) @ vH)).sum((-2, -1))
         return value[..., None, None] if keepdim else value
 
-    def _christoffel(self, x, u: Tensor, v: Tensor | None, coefficients) -> Tensor:
-        """Closed-form ``Γ(u, v)`` as ``F C_F + u C_u + v C_v`` per factor ``F``, accumulated
-        into one output; ``coefficients(G, H, P⁻¹, Q⁻¹, u_G, u_H, v_G, v_H)`` returns the
-        ``h × h`` coefficients ``((C_G, C_uG, C_vG), (C_H, C_uH, C_vH))`` (``C_v`` unused when
-        ``v is u``)."""
+    @abc.abstractmethod
+    def gamma_coefficients(self, k: Products, same: bool) -> tuple[tuple, tuple]:
+        """The ``h × h`` coefficients of ``Γ(u, v)`` from the products ``k`` (:class:`Products`).
+
+        Returns ``((C_G, C_uG, C_vG), (C_H, C_uH, C_vH))`` with
+        ``Γ_F(u, v) = F C_F + u_F C_uF + v_F C_vF`` per factor ``F``; ``C_v`` is ``None`` when
+        ``same`` (``v is u``: the two last terms are one).
+        """
+
+    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
+        """Symmetric bilinear ``Γ(u, v)``: per factor ``F C_F + u_F C_uF + v_F C_vF``, the
+        coefficients from :meth:`gamma_coefficients`, accumulated into one output."""
         p = self.at(x)
         self._check_vector(p, u)
-        v = u if v is None else v
-        uG, uH = self.split(u)
-        vG, vH = (uG, uH) if v is u else self.split(v)
-        cG, cH = coefficients(*self.split(p), *self.inverses(p), uG, uH, vG, vH)
+        same = v is None or v is u
+        v = u if same else v
+        if not same:
+            self._check_vector(p, v, "v")
+        G, H = self.split(p)
+        (uG, uH), (vG, vH) = self.split(u), self.split(v)
+        uF = (mT(uG) @ G, mT(uH) @ H)
+        vF = uF if same else (mT(vG) @ G, mT(vH) @ H)
+        uv = (mT(uG) @ vG, mT(uH) @ vH)
+        k = Products(*self.grams(p), *self.inverses(p), uF, vF, uv)
+        cG, cH = self.gamma_coefficients(k, same)
         out = self._blockwise(u, cG[1], cH[1])
-        if v is not u:
+        if not same:
             self._blockwise(v, cG[2], cH[2], add=out, into=True)
         return self._blockwise(p.x, cG[0], cH[0], add=out, into=True)
+
+    # ------------------------------------------------------------------ geodesics
+    def geodesic(
+        self, x, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """``(γ(t), γ'(t))`` of the geodesic from ``(x, u)``, integrated in ``span [F, u_F]``.
+
+        Every metric here has ``Γ_F(u, u) = F C_F + u_F C_uF`` with ``h × h`` coefficients that
+        depend on the factors only through ``FᵀF``, ``u_Fᵀ F`` and ``u_Fᵀ u_F``. The geodesic
+        therefore stays in the column span of ``B_F = [F(0), F'(0)]`` (``n × 2h``): with
+        ``F(t) = B_F C_F(t)``, ``F'(t) = B_F D_F(t)`` and ``K_F = B_Fᵀ B_F``, the products are
+        ``Cᵀ K C``, ``Dᵀ K C``, ``Dᵀ K D`` and ``C'' = -(C C_F + D C_uF)``, an ODE on
+        ``2h × h`` matrices from ``C(0) = [I; 0]``, ``D(0) = [0; I]``. RK4 integrates it; its
+        cost per step is ``O(h³)`` per head, independent of ``n`` and ``m``, and the end point
+        costs one ``n × 2h`` by ``2h × h`` product per factor. The step count is ``steps``, else
+        this manifold's ``exp_steps``, else chosen from the velocity (:meth:`rk4_steps`).
+        ``t`` is a number or a tensor broadcastable to the batch dimensions.
+        """
+        p = self.at(x)
+        self._check_vector(p, u)
+        t = self._times(t, p, u)
+        n_steps = self.rk4_steps(p, u, t, steps)
+        (G, H), (uG, uH) = self.split(p), self.split(u)
+        batch = torch.broadcast_shapes(p.x.shape[:-2], u.shape[:-2], t.shape[:-2])
+        BG, BH = (torch.cat(torch.broadcast_tensors(F, uF), -1) for F, uF in ((G, uG), (H, uH)))
+        KG, KH = mT(BG) @ BG, mT(BH) @ BH
+        h = p.x.shape[-1]
+        eye = torch.eye(h, dtype=p.x.dtype, device=p.x.device).expand(*batch, h, h)
+        zero = torch.zeros_like(eye)
+        C0, D0 = torch.cat([eye, zero], dim=-2), torch.cat([zero, eye], dim=-2)
+        eps_eye = self.eps * eye if self.eps else zero
+
+        def acceleration(CG, CH, DG, DH):
+            KCG, KCH, KDG, KDH = KG @ CG, KH @ CH, KG @ DG, KH @ DH
+            P, Q = mT(CG) @ KCG + eps_eye, mT(CH) @ KCH + eps_eye
+            LP, LQ = cholesky(P, "GᵀG"), cholesky(Q, "HᵀH")
+            uF, uv = (mT(DG) @ KCG, mT(DH) @ KCH), (mT(DG) @ KDG, mT(DH) @ KDH)
+            k = Products(P, Q, cholesky_inverse(LP), cholesky_inverse(LQ), uF, uF, uv)
+            (aG, bG, _), (aH, bH, _) = self.gamma_coefficients(k, True)
+            return -(CG @ aG + DG @ bG), -(CH @ aH + DH @ bH)
+
+        CG, CH, DG, DH = rk4(acceleration, (C0, C0), (D0, D0), t, n_steps)
+        return self.join(BG @ CG, BH @ CH), self.join(BG @ DG, BH @ DH)
+
+    def expmap(self, x, u: Tensor, *, steps: int | None = None) -> Tensor:
+        """The exact exponential map ``γ(1)`` (:meth:`geodesic`)."""
+        return self.geodesic(x, u, steps=steps)[0]
 
     def _blockwise(
         self, u: Tensor, W_G: Tensor, W_H: Tensor, add: Tensor | None = None, *, into: bool = False

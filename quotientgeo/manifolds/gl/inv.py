@@ -6,7 +6,7 @@ import torch
 
 from ...linalg import mT, solve_sylvester, sylvester_basis, sym
 from ..base import AtPoint
-from .base import GLQuotient
+from .base import GLQuotient, Products
 
 Tensor = torch.Tensor
 
@@ -22,7 +22,9 @@ class GLInvQuotient(GLQuotient):
     - ``M⁻¹ v = (v_G P, v_H Q)``, Riemannian gradient ``proj(∇_G P, ∇_H Q)``;
     - isotropic map ``(e_G L_Pᵀ, e_H L_Qᵀ)``;
     - Christoffel contraction, G part (H part: ``(G, P) ↔ (H, Q)``):
-      ``Γ_G(ξ, ξ) = -ξ_G P⁻¹ (ξ_Gᵀ G + Gᵀ ξ_G) + G P⁻¹ ξ_Gᵀ ξ_G``.
+      ``Γ_G(ξ, ξ) = -ξ_G P⁻¹ (ξ_Gᵀ G + Gᵀ ξ_G) + G P⁻¹ ξ_Gᵀ ξ_G``;
+    - geodesics in closed form for ``eps = 0`` (:func:`inv_geodesic`, per factor), else
+      integrated in the span of ``[F, ξ_F]`` (:meth:`GLQuotient.geodesic`).
     """
 
     name = "GLQuotient"
@@ -57,23 +59,76 @@ class GLInvQuotient(GLQuotient):
         Lam = mT(solve_sylvester(basis, B))
         return self._blockwise(p.x, Lam, -mT(Lam), add=u)
 
-    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
-        """Symmetric bilinear ``Γ(u, v)``: per factor ``F C_F + u C_u + v C_v`` (:func:`_gamma`)."""
+    def geodesic(
+        self, x, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """``(γ(t), γ'(t))``: closed form per factor (:func:`inv_geodesic`) for ``eps = 0``
+        (``steps`` unused); with ``eps > 0`` the relaxed metric is not GL(h)-invariant and the
+        geodesic is integrated (:meth:`GLQuotient.geodesic`)."""
+        if self.eps:
+            return super().geodesic(x, u, t, steps=steps)
+        p = self.at(x)
+        self._check_vector(p, u)
+        t = self._times(t, p, u)
+        (G, H), (uG, uH) = self.split(p), self.split(u)
+        LP, LQ = self.cholesky_factors(p)
+        (G1, dG), (H1, dH) = inv_geodesic(G, uG, LP, t), inv_geodesic(H, uH, LQ, t)
+        return self.join(G1, H1), self.join(dG, dH)
 
-        def coefficients(G, H, P_inv, Q_inv, uG, uH, vG, vH):
-            return _gamma(G, P_inv, uG, vG), _gamma(H, Q_inv, uH, vH)
+    def gamma_coefficients(self, k: Products, same: bool) -> tuple[tuple, tuple]:
+        """Per factor ``(F, W) ∈ {(G, P), (H, Q)}``:
+        ``Γ_F(u, v) = F W⁻¹ sym(u_Fᵀ v_F) - u_F W⁻¹ sym(v_Fᵀ F) - v_F W⁻¹ sym(u_Fᵀ F)``."""
+        G = _gamma(k.P_inv, k.uF[0], k.vF[0], k.uv[0], same)
+        return G, _gamma(k.Q_inv, k.uF[1], k.vF[1], k.uv[1], same)
 
-        return self._christoffel(x, u, v, coefficients)
+
+def _gamma(W_inv: Tensor, uF: Tensor, vF: Tensor, uv: Tensor, same: bool) -> tuple:
+    """``(C_F, C_u, C_v)`` of one factor from ``uF = u_Fᵀ F``, ``vF = v_Fᵀ F``, ``uv = u_Fᵀ v_F``;
+    for ``same`` (``v is u``) the two last terms are one and ``C_v`` is ``None``."""
+    Su = W_inv @ sym(uF)
+    if same:
+        return W_inv @ uv, -2 * Su, None
+    return W_inv @ sym(uv), -(W_inv @ sym(vF)), -Su
 
 
-def _gamma(F: Tensor, W_inv: Tensor, u: Tensor, v: Tensor) -> tuple[Tensor, ...]:
-    """Factor part ``F W⁻¹ sym(uᵀv) - u W⁻¹ sym(vᵀF) - v W⁻¹ sym(uᵀF)`` as ``(C_F, C_u, C_v)``.
+def inv_geodesic(
+    F: Tensor, xi: Tensor, L: Tensor, t: Tensor | float = 1.0
+) -> tuple[Tensor, Tensor]:
+    r"""Geodesic ``(F(t), F'(t))`` of ``g_F(η, η) = tr((FᵀF)⁻¹ ηᵀη)`` from ``F(0) = F``,
+    ``F'(0) = ξ``, batched over leading dimensions; ``L`` is the lower Cholesky factor of ``FᵀF``.
 
-    ``W`` is the Gram matrix of ``F``; for ``v is u`` the two last terms are one (``C_v`` is
-    then unused).
+    The metric is invariant under ``F ↦ O F A`` (``O ∈ O(n)``, ``A ∈ GL(h)``), and its
+    geodesics are orbits of one-parameter subgroups of that group:
+    ``F(t) = expm(tΩ) Q expm(tXᵀ) R`` with ``F = QR`` (``R = Lᵀ``), ``W = ξ R⁻¹``,
+    ``X = QᵀW``, ``W⊥ = W - QX`` and the skew ``Ω = W⊥Qᵀ - QW⊥ᵀ + Q(X - Xᵀ)Qᵀ``. ``Ω`` maps the
+    span of ``[Q, W⊥]`` into itself, ``Ω [Q, W⊥] = [Q, W⊥] M`` with the ``2h × 2h``
+    ``M = [[X - Xᵀ, -W⊥ᵀW⊥], [I, 0]]``, so with ``Y(t) = expm(tM)[:, :h] expm(tXᵀ)``:
+
+        ``F(t) = F R⁻¹ (Y₁ - X Y₂) R + ξ R⁻¹ Y₂ R``,   ``F'(t)`` the same with ``Y' = MY + YXᵀ``
+
+    (``Y₁``, ``Y₂`` the top and bottom ``h`` rows). Only ``h × h`` Gram products enter
+    (``X = L⁻¹ Fᵀξ L⁻ᵀ``, ``W⊥ᵀW⊥ = L⁻¹ ξᵀξ L⁻ᵀ - XᵀX``): no QR, no ``n × n`` matrix, two
+    ``n × h`` products with ``h × h`` coefficients, and the map is smooth in ``ξ``, also where
+    ``W⊥ = 0`` (a velocity inside the column space) and at ``ξ = 0``.
     """
-    Su = W_inv @ sym(mT(u) @ F)
-    if v is u:
-        return W_inv @ (mT(u) @ u), -2 * Su, None
-    Sv = W_inv @ sym(mT(v) @ F)
-    return W_inv @ sym(mT(u) @ v), -Sv, -Su
+    h = F.shape[-1]
+    tri = torch.linalg.solve_triangular
+
+    def congruence(A: Tensor) -> Tensor:  # L⁻¹ A L⁻ᵀ
+        return mT(tri(L, mT(tri(L, A, upper=False)), upper=False))
+
+    X = congruence(mT(F) @ xi)
+    S2 = congruence(mT(xi) @ xi) - mT(X) @ X
+    eye = torch.eye(h, dtype=X.dtype, device=X.device).expand_as(X)
+    M = torch.cat([torch.cat([X - mT(X), -S2], -1), torch.cat([eye, torch.zeros_like(X)], -1)], -2)
+    Y = torch.linalg.matrix_exp(t * M)[..., :h] @ torch.linalg.matrix_exp(t * mT(X))
+    dY = M @ Y + Y @ mT(X)
+    R = mT(L)
+
+    def point(Y: Tensor) -> Tensor:  # [F, ξ] [[R⁻¹, -R⁻¹X], [0, R⁻¹]] Y R
+        Y1, Y2 = Y[..., :h, :], Y[..., h:, :]
+        A = tri(R, (Y1 - X @ Y2) @ R, upper=True)
+        B = tri(R, Y2 @ R, upper=True)
+        return F @ A + xi @ B
+
+    return point(Y), point(dY)

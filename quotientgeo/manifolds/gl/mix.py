@@ -6,7 +6,7 @@ import torch
 
 from ...linalg import mT, sym
 from ..base import AtPoint
-from .base import GLQuotient
+from .base import GLQuotient, Products
 
 Tensor = torch.Tensor
 
@@ -64,26 +64,19 @@ class GLMixQuotient(GLQuotient):
         Lam = 0.5 * ((mT(uH) @ H) @ Q_inv - P_inv @ (mT(G) @ uG))
         return self._blockwise(p.x, Lam, -mT(Lam), add=u)
 
-    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
-        """Symmetric bilinear ``Γ(u, v)``: per factor ``F C_F + u C_u + v C_v`` (:func:`_gamma`)."""
+    def gamma_coefficients(self, k: Products, same: bool) -> tuple[tuple, tuple]:
+        """Factor ``F`` with the other factor ``K`` and its Gram ``W`` (``(G; H, Q)``,
+        ``(H; G, P)``):
+        ``Γ_F(u, v) = [u_F sym(v_Kᵀ K) + v_F sym(u_Kᵀ K) - F sym(u_Kᵀ v_K)] W⁻¹``."""
+        G = _gamma(k.Q_inv, k.uF[1], k.vF[1], k.uv[1], same)
+        return G, _gamma(k.P_inv, k.uF[0], k.vF[0], k.uv[0], same)
 
-        def coefficients(G, H, P_inv, Q_inv, uG, uH, vG, vH):
-            return _gamma(Q_inv, uG, vG, H, uH, vH), _gamma(P_inv, uH, vH, G, uG, vG)
 
-        return self._christoffel(x, u, v, coefficients)
-
-
-def _gamma(
-    W_inv: Tensor, uF: Tensor, vF: Tensor, K: Tensor, uK: Tensor, vK: Tensor
-) -> tuple[Tensor, ...]:
-    """Factor part ``[u_F sym(v_Kᵀ K) + v_F sym(u_Kᵀ K) - F sym(u_Kᵀ v_K)] W⁻¹`` as
-    ``(C_F, C_u, C_v)``.
-
-    ``W`` is the Gram matrix of the other factor ``K``; for ``vF is uF`` the first two terms are
-    one (``C_v`` is then unused).
-    """
-    SuK = sym(mT(uK) @ K) @ W_inv
-    if vF is uF:
-        return -(mT(uK) @ uK) @ W_inv, 2 * SuK, None
-    SvK = sym(mT(vK) @ K) @ W_inv
-    return -sym(mT(uK) @ vK) @ W_inv, SvK, SuK
+def _gamma(W_inv: Tensor, uK: Tensor, vK: Tensor, uvK: Tensor, same: bool) -> tuple:
+    """``(C_F, C_u, C_v)`` of factor ``F`` from the other factor's ``uK = u_Kᵀ K``,
+    ``vK = v_Kᵀ K``, ``uvK = u_Kᵀ v_K``; for ``same`` the first two terms are one and ``C_v``
+    is ``None``."""
+    SuK = sym(uK) @ W_inv
+    if same:
+        return -uvK @ W_inv, 2 * SuK, None
+    return -sym(uvK) @ W_inv, sym(vK) @ W_inv, SuK

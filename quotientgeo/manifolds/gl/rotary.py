@@ -64,7 +64,7 @@ class RotaryGLQuotient(QuotientManifold):
         eps: Gram relaxation of the metric, as in :class:`GLQuotient`.
         rotary_dims: number ``r`` of rotated coordinates (even); ``None`` rotates all.
         pairing: ``"half"`` or ``"interleaved"``.
-        exp_steps: RK4 steps of :meth:`expmap`.
+        exp_steps: RK4 steps where :meth:`geodesic` integrates (``None``: automatic).
     """
 
     name = "RotaryGLQuotient"
@@ -78,7 +78,7 @@ class RotaryGLQuotient(QuotientManifold):
         *,
         rotary_dims: int | None = None,
         pairing: str = "half",
-        exp_steps: int = 10,
+        exp_steps: int | None = None,
     ):
         if rotary_dims is not None:
             rotary_dims = integer("rotary_dims", rotary_dims)
@@ -214,8 +214,11 @@ class RotaryGLQuotient(QuotientManifold):
     def expmap2(self, x, u: Tensor) -> Tensor:
         return self.gl.expmap2(self.at(x), u)
 
-    def geodesic(self, x, u: Tensor, *, steps: int | None = None) -> tuple[Tensor, Tensor]:
-        return self.gl.geodesic(self.at(x), u, steps=steps)
+    def geodesic(
+        self, x, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """The total space's geodesic (closed form for ``"inv"`` with ``eps = 0``)."""
+        return self.gl.geodesic(self.at(x), u, t, steps=steps)
 
     def random(self, *size, dtype=None, device=None, **kwargs) -> Tensor:
         return self.gl.random(*size, dtype=dtype, device=device)

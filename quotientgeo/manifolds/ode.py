@@ -1,0 +1,101 @@
+r"""RK4 for the geodesic equation ``ẍ = a(x, ẋ)`` and the rule that picks its step count.
+
+:func:`rk4` integrates a second-order ODE whose state is a tuple of tensors (one per factor);
+:func:`steps_for` chooses the number of steps from the rate ``κ = max ||Γ(u, u)|| / ||u||``
+of the velocity (metric norms at the base point, the maximum over the batch), the one
+number that sets the time scale of ``ẍ = -Γ(ẋ, ẋ)``: RK4's relative error at ``t = 1``
+behaves as ``c (κ / N)⁴``. Measured on the GL metrics over random points (condition numbers
+up to 10) and horizontal and general velocities of metric norm up to 3: ``c ≤ 0.15`` for
+``inv`` and ``c ≤ 1.3`` for ``mix``. The rule ``N = ⌈κ (C / rtol)^{1/4}⌉`` with ``C = 4``
+gives a relative error of the end point (to the displacement ``γ(1) - x``) below ``rtol``:
+``1e-8`` in float64, ``1e-5`` otherwise. For other manifolds ``c`` is not measured: pass
+``steps=`` (or ``exp_steps``) where accuracy must be certain.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+
+import torch
+
+Tensor = torch.Tensor
+
+__all__ = ["MAX_STEPS", "RTOL", "rk4", "rtol_for", "steps_for"]
+
+RTOL = {torch.float64: 1e-8}
+DEFAULT_RTOL = 1e-5
+ERROR_CONSTANT = 4.0
+MAX_STEPS = 1024
+
+
+def rtol_for(dtype: torch.dtype) -> float:
+    """The stated relative accuracy of an automatic step count in ``dtype``."""
+    return RTOL.get(dtype, DEFAULT_RTOL)
+
+
+def steps_for(rate: float, dtype: torch.dtype) -> int:
+    """``N = ⌈κ (C / rtol)^{1/4}⌉`` (at least 1) for the rate ``κ`` of a velocity (module doc).
+
+    Raises a ``ValueError`` for a non-finite rate; warns and returns :data:`MAX_STEPS` above it.
+    """
+    if not math.isfinite(rate):
+        raise ValueError(
+            f"the tangent vector or the point is not finite (rate ||Γ(u, u)|| / ||u|| = {rate})"
+        )
+    n = max(1, math.ceil(rate * (ERROR_CONSTANT / rtol_for(dtype)) ** 0.25))
+    if n > MAX_STEPS:
+        warnings.warn(
+            f"the geodesic needs {n} RK4 steps for its stated accuracy; using {MAX_STEPS} "
+            "(a very long tangent vector: shorten it, or pass steps=)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return MAX_STEPS
+    return n
+
+
+def rk4(
+    acceleration: Callable[..., tuple[Tensor, ...]],
+    y: tuple[Tensor, ...],
+    v: tuple[Tensor, ...],
+    t: Tensor | float,
+    steps: int,
+) -> tuple[Tensor, ...]:
+    """Classical RK4 for ``ÿ = acceleration(*y, *v)`` over ``[0, t]`` in ``steps`` equal steps.
+
+    ``y`` and ``v`` are tuples of tensors (position and velocity, one entry per factor) and
+    ``acceleration`` returns a tuple like ``v``; ``t`` is a number or a tensor that broadcasts
+    against them (per-point end times). Returns ``(*y(t), *v(t))``. A ``ValueError`` raised by
+    ``acceleration`` (the path left the manifold) is re-raised with the step it happened in.
+    """
+    dt = t / steps
+
+    def shifted(base, slope, scale):
+        return tuple(b + scale * s for b, s in zip(base, slope, strict=True))
+
+    for step in range(steps):
+        try:
+            a1 = acceleration(*y, *v)
+            v2 = shifted(v, a1, 0.5 * dt)
+            a2 = acceleration(*shifted(y, v, 0.5 * dt), *v2)
+            v3 = shifted(v, a2, 0.5 * dt)
+            a3 = acceleration(*shifted(y, v2, 0.5 * dt), *v3)
+            v4 = shifted(v, a3, dt)
+            a4 = acceleration(*shifted(y, v3, dt), *v4)
+        except ValueError as err:
+            raise ValueError(
+                f"the geodesic left the manifold during RK4 step {step + 1}/{steps} (the "
+                "tangent vector is too long for this point, or the step count too low): "
+                "use a shorter vector or more steps"
+            ) from err
+        y = tuple(
+            yi + (dt / 6) * (vi + 2 * v2i + 2 * v3i + v4i)
+            for yi, vi, v2i, v3i, v4i in zip(y, v, v2, v3, v4, strict=True)
+        )
+        v = tuple(
+            vi + (dt / 6) * (b1 + 2 * b2 + 2 * b3 + b4)
+            for vi, b1, b2, b3, b4 in zip(v, a1, a2, a3, a4, strict=True)
+        )
+    return (*y, *v)

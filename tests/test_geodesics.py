@@ -1,0 +1,197 @@
+"""Exact geodesics: the closed-form inv geodesic and the span-reduced integrator of the GL metrics.
+
+References are independent computations: RK4 with many steps (the integrator, itself checked
+against the full-space autodiff integration of the generic base at equal step counts), the
+group action, the metric, and finite differences.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import conditioned, gen, gl_cases, rel_err, tol
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quotientgeo import GLQuotient, RotaryGLQuotient
+from quotientgeo.linalg import mT
+from quotientgeo.manifolds.gl.inv import inv_geodesic
+from quotientgeo.manifolds.ode import rtol_for, steps_for
+
+sizes = st.floats(0.05, 3.0)
+
+
+def scaled(m, x, u, size):
+    return size * u / m.norm(x, u, keepdim=True)
+
+
+def integrated(m, x, u, t=1.0, steps=1000):
+    """The span-reduced RK4 integration of the GL base class, whatever ``m``'s own path is."""
+    return GLQuotient.geodesic(m, x, u, t, steps=steps)
+
+
+def displacement_err(y, ref, x):
+    """``||y - ref|| / ||ref - x||`` (max over the batch), float64."""
+    return rel_err(y - x, ref - x)
+
+
+# --------------------------------------------------------------------------- closed form
+@settings(max_examples=6)
+@given(case=gl_cases(metric="inv", dtype=torch.float64), size=sizes, horizontal=st.booleans())
+def test_inv_closed_form_equals_fine_rk4(case, size, horizontal):
+    m, x = case.manifold, case.x
+    u = scaled(m, x, m.proju(x, case.u) if horizontal else case.u, size)
+    y, w = m.geodesic(x, u)
+    y_ref, w_ref = integrated(m, x, u, steps=1000)
+    assert displacement_err(y, y_ref, x) <= 1e-10
+    assert rel_err(w, w_ref) <= 1e-10
+
+
+@settings(max_examples=8)
+@given(case=gl_cases(metric="inv"), size=sizes)
+def test_inv_closed_form_has_constant_speed_and_rescales_time(case, size):
+    m, x = case.manifold, case.x
+    u = scaled(m, x, m.proju(x, case.u), size)
+    # rounding is relative to the point: relative to a displacement of size s it is ε / s
+    k = tol(case.dtype, 1e3) * max(size, 1.0) ** 2
+    kd = k / min(size, 1.0)
+    for t in (0.3, 1.0, 1.7):
+        y, w = m.geodesic(x, u, t)
+        assert (m.norm(y, w) / size - 1).abs().max().item() <= k
+        # γ_{aξ}(t) = γ_ξ(a t)
+        y2, w2 = m.geodesic(x, t * u)
+        assert displacement_err(y2, y, x) <= kd
+        assert rel_err(w2, t * w) <= k
+    # per-point times broadcast over the batch dimensions
+    times = torch.rand(case.batch, generator=gen(case.seed), dtype=case.dtype)
+    y, _ = m.geodesic(x, u, times)
+    y_each = m.geodesic(x, u * times[..., None, None])[0]
+    assert displacement_err(y, y_each, x) <= kd / times.min().clamp_min(0.05).item()
+
+
+@settings(max_examples=8)
+@given(case=gl_cases(metric="inv"), size=sizes, log_cond=st.floats(0.0, 1.5))
+def test_inv_closed_form_is_equivariant_and_stays_horizontal(case, size, log_cond):
+    m, x = case.manifold, case.x
+    u = scaled(m, x, m.proju(x, case.u), size)
+    A = case.group(10.0**log_cond)
+    k = tol(case.dtype, 1e3) * 10.0 ** (3 * log_cond) * max(size, 1.0) ** 2
+    xa = m.act(x, A)
+    ya, wa = m.geodesic(xa, m.push(x, u, A))
+    y, w = m.geodesic(x, u)
+    assert displacement_err(ya, m.act(y, A), xa) <= k / min(size, 1.0)
+    assert rel_err(wa, m.push(y, w, A)) <= k
+    for t in (0.5, 1.0):
+        y, w = m.geodesic(x, u, t)
+        gap = m.norm(y, w - m.proju(y, w)) / m.norm(y, w)
+        assert gap.max().item() <= k
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_inv_closed_form_velocity_in_the_column_space_and_zero(seed):
+    """``W⊥ = 0`` (``ξ = F B``) and ``ξ = 0`` need no special case."""
+    g = gen(seed)
+    F = conditioned((3,), 7, 3, 5.0, g)
+    L = torch.linalg.cholesky(mT(F) @ F)
+    B = 0.3 * torch.randn(3, 3, 3, generator=g, dtype=torch.float64)
+    m = GLQuotient(7, "inv")
+    x = m.join(F, F.clone())
+    u = m.join(F @ B, torch.zeros_like(F))
+    y_ref, _ = integrated(m, x, u, steps=2000)
+    y, _ = inv_geodesic(F, F @ B, L)
+    assert rel_err(y - F, m.split(y_ref)[0] - F) <= 1e-10
+    y0, w0 = inv_geodesic(F, torch.zeros_like(F), L)
+    assert torch.allclose(y0, F, rtol=0, atol=1e-14) and bool((w0 == 0).all())
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_inv_closed_form_gradients_match_finite_differences(seed):
+    g = gen(seed)
+    F = conditioned((2,), 5, 2, 3.0, g)
+    L = torch.linalg.cholesky(mT(F) @ F)
+    for xi in (torch.zeros_like(F), 0.5 * torch.randn(F.shape, generator=g, dtype=F.dtype)):
+        xi.requires_grad_(True)
+        assert torch.autograd.gradcheck(lambda v: inv_geodesic(F, v, L, 0.8), (xi,))
+
+
+def test_inv_closed_form_float32_agrees_with_float64():
+    g = gen(5)
+    m = GLQuotient(9, "inv")
+    x = m.join(conditioned((4,), 9, 3, 10.0, g), conditioned((4,), 6, 3, 10.0, g))
+    u = scaled(m, x, m.proju(x, torch.randn(x.shape, generator=g, dtype=x.dtype)), 1.0)
+    y64 = m.expmap(x, u)
+    y32 = m.expmap(x.float(), u.float())
+    assert y32.dtype == torch.float32
+    assert displacement_err(y32, y64, x) <= 1e-5
+
+
+@settings(max_examples=6)
+@given(case=gl_cases(metric="inv", dtype=torch.float64, max_h=4), size=sizes)
+def test_rotary_inv_uses_the_same_total_space_geodesic(case, size):
+    h = case.h if case.h % 2 == 0 else None
+    if h is None:
+        return
+    rot = RotaryGLQuotient(case.n, "inv")
+    x = case.x
+    u = scaled(rot, x, rot.proju(x, case.u), size)
+    y, w = rot.geodesic(x, u)
+    y_ref, _ = integrated(case.manifold, x, u, steps=1000)
+    assert displacement_err(y, y_ref, x) <= 1e-10
+    # the velocity stays horizontal for the subgroup too
+    assert (rot.norm(y, w - rot.proju(y, w)) / rot.norm(y, w)).max().item() <= 1e-10
+
+
+def test_inv_with_eps_integrates():
+    m = GLQuotient(5, "inv", eps=0.1)
+    g = gen(3)
+    x = m.join(conditioned((2,), 5, 2, 3.0, g), conditioned((2,), 4, 2, 3.0, g))
+    u = scaled(m, x, torch.randn(x.shape, generator=g, dtype=x.dtype), 0.5)
+    y = m.expmap(x, u)
+    assert displacement_err(y, integrated(m, x, u, steps=400)[0], x) <= rtol_for(x.dtype)
+    # and the relaxed geometry is not the closed form of the exact one
+    assert displacement_err(y, GLQuotient(5, "inv").expmap(x, u), x) > 1e-6
+
+
+# --------------------------------------------------------------------------- the integrator
+@settings(max_examples=6)
+@given(case=gl_cases(dtype=torch.float64, max_h=3, max_extra=3, batches=((), (2,))))
+def test_span_reduced_rk4_equals_full_space_rk4(case):
+    """Same step count: the reduced iterates are ``B C`` of the full-space ones (to rounding)."""
+    m, x = case.manifold, case.x
+    u = scaled(m, x, case.u, 0.7)
+    reduced = integrated(m, x, u, steps=6)
+    full = m.generic(metric_inv=True).geodesic(x, u, steps=6)
+    assert displacement_err(reduced[0], full[0], x) <= 1e-11
+    assert rel_err(reduced[1], full[1]) <= 1e-11
+
+
+@settings(max_examples=5)
+@given(
+    case=gl_cases(dtype=torch.float64, max_h=3, max_extra=3),
+    metric=st.sampled_from(["mix", 0.3, 0.8]),
+    size=st.floats(0.05, 1.5),
+    horizontal=st.booleans(),
+)
+def test_default_integration_meets_its_stated_accuracy(case, metric, size, horizontal):
+    m = case.manifold.with_metric(metric)
+    x = case.x
+    u = scaled(m, x, m.proju(x, case.u) if horizontal else case.u, size)
+    n = m.rk4_steps(m.at(x), u, torch.tensor(1.0))
+    y = m.expmap(x, u)
+    reference = integrated(m, x, u, steps=4 * n)  # RK4: 256 times more accurate
+    assert displacement_err(y, reference[0], x) <= rtol_for(torch.float64)
+
+
+def test_step_count_rule():
+    assert steps_for(0.0, torch.float64) == 1
+    assert steps_for(1.0, torch.float64) == 142  # N = ⌈κ (4 / 1e-8)^{1/4}⌉
+    assert steps_for(1.0, torch.float32) == 26  # N = ⌈κ (4 / 1e-5)^{1/4}⌉
+    with pytest.raises(ValueError, match="not finite"):
+        steps_for(float("nan"), torch.float64)
+    with pytest.warns(RuntimeWarning, match="RK4 steps"):
+        assert steps_for(1e6, torch.float64) == 1024
+    m = GLQuotient(4, "mix", exp_steps=7)
+    x = m.random(7, 2, dtype=torch.float64)
+    assert m.rk4_steps(m.at(x), torch.randn_like(x), torch.tensor(1.0)) == 7
+    with pytest.raises(ValueError, match="steps"):
+        m.expmap(x, torch.randn_like(x), steps=0)
