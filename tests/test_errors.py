@@ -1,6 +1,6 @@
 """Errors that name the weights at fault: rank-deficient heads and non-finite weights.
 
-- a rank-deficient head found during a sharpness call raises a
+- a rank-deficient head found during a sharpness call or a GeodesicSAM step raises a
   ``ValueError`` naming the block label, layer, head and the parameters of the failing factor,
   chained from the original failure;
 - a NaN or an infinity in a weight (in a symmetry block or only in the adaptive rest) is
@@ -20,8 +20,10 @@ from conftest import tiny_bert
 from torch import nn
 
 import quotientgeo.diagnosis as diagnosis_module
+import quotientgeo.optim.sam as sam_module
 import quotientgeo.sharpness as sharpness_module
 from quotientgeo import ParameterGeometry, Source, find_symmetries
+from quotientgeo.optim import GeodesicSAM
 from quotientgeo.sharpness import average_sharpness, geodesic_sharpness
 
 pytestmark = pytest.mark.filterwarnings("ignore:no parameter symmetry detected:UserWarning")
@@ -339,6 +341,60 @@ def test_healthy_model_gives_the_results_of_the_code_path_without_diagnosis(metr
     assert checks["n"] == 2  # once per call, not per batch or iteration
     monkeypatch.setattr(sharpness_module, "Diagnosis", _NoDiagnosis)
     assert diagnosed == run()
+
+
+# ---------------------------------------------------------------------- GeodesicSAM
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+def test_sam_step_names_a_rank_deficient_head_and_changes_nothing(metric):
+    model = stateful_bert()
+    zero_query_feature(model, 1, 3)
+    opt = GeodesicSAM(model, torch.optim.SGD, rho=0.05, lr=0.1, metric=metric)
+    bert_loss(model, IDS).backward()
+    before = snapshot(model)
+    with pytest.raises(ValueError) as info:
+        opt.first_step(zero_grad=True)
+    message = str(info.value)
+    self_ = f"{attention(1)}.self"
+    assert f"{self_}.QK (layer 1), head 3: G has condition number" in message
+    assert f"({self_}.query.weight, {self_}.query.bias)" in message
+    assert message.endswith("the weights are unchanged") and info.value.__cause__ is not None
+    assert_same(before, snapshot(model))
+    with pytest.raises(RuntimeError, match="second_step needs a first_step"):
+        opt.second_step()  # nothing half-done to undo
+
+
+def test_sam_step_names_a_non_finite_weight():
+    model = stateful_bert()
+    opt = GeodesicSAM(model, torch.optim.SGD, rho=0.05, lr=0.1)
+    bert_loss(model, IDS).backward()
+    with torch.no_grad():
+        model.encoder.layer[0].attention.self.key.weight[2, 5] = float("nan")  # head 0
+    before = snapshot(model)
+    with pytest.raises(ValueError) as info:
+        opt.first_step()
+    message = str(info.value)
+    assert message.startswith("non-finite weights (NaN or Inf) in 1 parameter(s):")
+    assert f"{attention(0)}.self.key.weight: {attention(0)}.self.QK (layer 0), head 0" in message
+    assert "rank" not in message
+    assert_same(before, snapshot(model))
+
+
+def test_sam_step_on_a_healthy_model_is_the_step_without_diagnosis(monkeypatch):
+    def step():
+        model = tiny_bert(DT, initializer_range=0.3)
+        opt = GeodesicSAM(model, torch.optim.SGD, rho=0.05, lr=0.1)
+        opt.step(lambda: bert_loss(model, IDS).backward())
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def never(*args):
+        raise AssertionError("the diagnosis ran on a healthy model")
+
+    monkeypatch.setattr(diagnosis_module.Diagnosis, "explain", never)
+    diagnosed = step()
+    monkeypatch.setattr(sam_module, "Diagnosis", _NoDiagnosis)
+    plain = step()
+    assert diagnosed.keys() == plain.keys()
+    assert all(torch.equal(diagnosed[n], plain[n]) for n in plain)
 
 
 def test_split_batch_records_the_located_failure():
