@@ -206,8 +206,8 @@ class Diagnosis:
     def rank_deficient(self) -> ValueError | None:
         """The error naming every rank-deficient head (block label, layer, head, factor and
         parameters), with the dtype, the worst condition number and the remedies (heads of
-        other manifolds: their point check's reason); ``None``
-        when every head passes (or the heads cannot be examined)."""
+        other manifolds: their point check's reason); ``None`` when every head passes (or the
+        heads cannot be examined)."""
         try:
             found = [f for ki in range(len(self.points)) for f in self._deficient(ki)]
         except Exception:  # the diagnosis must never hide the failure it explains
