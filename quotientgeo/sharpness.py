@@ -53,6 +53,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .diagnosis import Diagnosis
 from .geometry import HALF, ParameterGeometry, find_symmetries
 from .manifolds import AdaptiveGeometry
 from .perturbation import MOVES, PerturbationSpace
@@ -209,14 +210,18 @@ class _Problem:
         self.wrapper = _LossOf(model, loss_fn)
         points, w = geometry.gather()
         self.dtype, self.device = w.dtype, w.device
+        manifolds = geometry.manifolds(metric, eps=eps)
+        self.diagnosis = Diagnosis(geometry, manifolds, points, w, "the model is restored")
+        self.diagnosis.check_finite()  # NaN/Inf weights are named as such, not as rank deficient
 
         def ball(manifold):
             return manifold if norm == "riemannian" else AdaptiveGeometry()
 
-        self.blocks = [
-            PerturbationSpace(m, x, MOVES[perturbation], ball(m))
-            for m, x in zip(geometry.manifolds(metric, eps=eps), points, strict=True)
-        ]
+        with self.diagnosis.located():
+            self.blocks = [
+                PerturbationSpace(m, x, MOVES[perturbation], ball(m))
+                for m, x in zip(manifolds, points, strict=True)
+            ]
         rest = geometry.rest_manifold()  # adaptive sharpness: straight lines, its own metric
         self.blocks.append(PerturbationSpace(rest, w, MOVES["first_order"], rest))
         self.batch_index = self.iteration = 0
@@ -248,6 +253,7 @@ class _Problem:
             self.local_losses.append((self.batch_index, iteration, loss))  # checked lazily
         except Exception as err:  # the other ranks wait in the all-reduce below: join them
             if self.failure is None:
+                err = self.located(err)
                 self.failure = f"{self.where()}: {type(err).__name__}: {err}"
             loss = torch.full((), math.nan, dtype=self.dtype, device=self.device)
             grads = [torch.zeros_like(c) for c in cs] if grad else None
@@ -255,6 +261,15 @@ class _Problem:
 
     def where(self) -> str:
         return f"batch {self.batch_index}, {_at(self.iteration)}"
+
+    def located(self, err: Exception) -> Exception:
+        """``err``, or where it is a failure of the geometry at faulty weights, the error that
+        names them (block label, layer, head, parameters), chained from ``err``."""
+        located = self.diagnosis.explain(err)
+        if located is None:
+            return err
+        located.__cause__ = err
+        return located
 
     def first_order_loss(self, cs: list[Tensor]) -> float:
         """Loss at the first-order move ``x + ξ`` of ``cs``: one no-grad forward through
@@ -310,7 +325,8 @@ class _Problem:
 
     def check_finite(self, losses: Tensor, upto: int, restart: int, at: str | None = None):
         """Raise (on every rank) if ``losses[: upto + 1]`` are not all finite; ``at`` names the
-        evaluation in the message instead of the iteration and restart."""
+        evaluation in the message instead of the iteration and restart. The message also names
+        the heads whose factors are rank deficient to working precision, if any."""
         finite = torch.isfinite(losses[: upto + 1])
         if self.ranks.mode == "split_batch":
             if not bool(finite.all()):  # every rank sees the same averaged losses: all get here
@@ -319,10 +335,14 @@ class _Problem:
         if not bool(finite.all()):
             k = int((~finite).nonzero()[0, 0])
             at = f"iteration {k} (restart {restart})" if at is None else at
-            raise ValueError(
+            message = (
                 f"loss_fn returned a non-finite loss ({float(losses[k])}) on batch "
-                f"{self.batch_index} at {at}; the model is restored"
+                f"{self.batch_index} at {at}"
             )
+            deficient = self.diagnosis.rank_deficient()  # nearly singular heads are a cause
+            if deficient is not None:
+                raise ValueError(f"{message}, likely from {deficient}")
+            raise ValueError(f"{message}; the model is restored")
 
 
 def _at(iteration: int | str) -> str:
@@ -541,10 +561,13 @@ def _over_batches(model, problem_args, batches, distributed: str, seed: int, bar
                 gen.manual_seed(_batch_seed(seed, offset + i))
                 records.append(one_batch(problem, gen, bar))
         except Exception as err:  # the other ranks will wait in the gather below: report there
+            located = err if problem is None else problem.located(err)
             if ranks.mode != "batches":
-                raise
+                if located is err:
+                    raise
+                raise located from err
             where = "setup" if problem is None else problem.where()
-            failure = f"{where}: {type(err).__name__}: {err}"
+            failure = f"{where}: {type(located).__name__}: {located}"
     if ranks.mode == "batches":
         ranks.raise_failures(failure)
         records = [r for part in ranks.gather(records) for r in part]

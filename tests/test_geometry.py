@@ -1,4 +1,4 @@
-"""ParameterGeometry: discovery, exact gather/scatter, and the symmetry it claims."""
+"""ParameterGeometry: discovery, exact gather/scatter, the symmetry it claims, locating heads."""
 
 from __future__ import annotations
 
@@ -592,3 +592,40 @@ def test_source_group_and_interleave_errors_and_round_trip():
     W = model.weight.detach().reshape(2, 3, 2, 4)[:, 0]  # unit i's a rows: (2 rows, 4 inputs)
     torch.testing.assert_close(x, W.transpose(1, 2), rtol=0, atol=0)
     assert_roundtrip_exact(geometry)
+
+
+# ---------------------------------------------------------------------- locating heads
+def test_locate_maps_kind_entries_to_blocks_heads_layers_and_parameters():
+    model = tiny_bert(DT)
+    geometry = find_symmetries(model)
+    kind = geometry.kinds[0]  # the QK pairs of both layers, 4 heads each
+    assert [geometry.blocks[b].label for b in kind.blocks] == [
+        "encoder.layer.0.attention.self.QK",
+        "encoder.layer.1.attention.self.QK",
+    ]
+    loc = geometry.locate(0, 6)
+    assert (loc.kind, loc.index, loc.block, loc.head, loc.layer) == (0, 6, kind.blocks[1], 2, 1)
+    assert loc.label == "encoder.layer.1.attention.self.QK"
+    self_ = "encoder.layer.1.attention.self"
+    assert loc.params == tuple(
+        f"{self_}.{p}.{t}" for p in ("query", "key") for t in ("weight", "bias")
+    )
+    assert str(loc) == "encoder.layer.1.attention.self.QK (layer 1), head 2"
+    n = geometry.kinds[0].manifold.n
+    assert geometry.locate(0, 6, (0, n)).params == (f"{self_}.query.weight", f"{self_}.query.bias")
+    assert geometry.locate(0, 6, (n, n + 1)).params == (f"{self_}.key.weight",)
+    points, _ = geometry.gather()
+    head = points[0][6]  # the same entry, read from the model directly
+    q = model.encoder.layer[1].attention.self.query
+    torch.testing.assert_close(head[: n - 1], q.weight[8:12].T, rtol=0, atol=0)
+    with pytest.raises(IndexError, match="kind 0 has 8 entries"):
+        geometry.locate(0, 8)
+
+
+def test_locate_without_a_layer_index():
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
+    geometry = ParameterGeometry(model).add_gl_pair("0.weight", Source("2.weight", axis=1), heads=2)
+    loc = geometry.locate(0, 1)
+    assert (loc.label, loc.head, loc.layer) == ("GL pair 0", 1, None)
+    assert str(loc) == "GL pair 0, head 1"
+    assert geometry.plan.rest_names == ("0.bias", "2.bias")

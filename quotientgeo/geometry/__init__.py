@@ -10,6 +10,15 @@
 from .discovery import find_symmetries
 from .layout import Region, Source
 from .parameters import HALF, ParameterGeometry
-from .plan import Block, Kind
+from .plan import Block, HeadLocation, Kind
 
-__all__ = ["HALF", "Block", "Kind", "ParameterGeometry", "Region", "Source", "find_symmetries"]
+__all__ = [
+    "HALF",
+    "Block",
+    "HeadLocation",
+    "Kind",
+    "ParameterGeometry",
+    "Region",
+    "Source",
+    "find_symmetries",
+]

@@ -26,7 +26,7 @@ from torch import nn
 from ..manifolds import AdaptiveGeometry, GLQuotient, QuotientManifold, RescaleQuotient
 from ..validation import positive_int
 from .layout import Layout, Source
-from .plan import Block, Kind, Plan, build_plan, n_entries
+from .plan import Block, HeadLocation, Kind, Plan, build_plan, n_entries
 from .transfer import gather, scatter
 
 Tensor = torch.Tensor
@@ -214,6 +214,12 @@ class ParameterGeometry:
         if metric is None:
             return [k.manifold for k in self.kinds]
         return [k.manifold.with_metric(metric, eps=eps) for k in self.kinds]
+
+    def locate(self, kind: int, index: int, rows: tuple[int, int] | None = None) -> HeadLocation:
+        """Block label, head, layer and parameter names of entry ``index`` of the points of
+        kind ``kind`` (``gather()[0][kind][index]``); ``rows`` restricts the parameters to
+        those holding rows ``(start, stop)`` of that point. See :meth:`Plan.locate`."""
+        return self.plan.locate(kind, index, rows)
 
     def rest_manifold(self) -> AdaptiveGeometry:
         """The geometry of the adaptive rest ``w``."""

@@ -6,7 +6,10 @@ scatter only read it.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +19,20 @@ from .layout import Layout, Region, Source, View
 
 Tensor = torch.Tensor
 
-__all__ = ["Block", "Concat", "Kind", "Patch", "Piece", "Plan", "Stack", "build_plan"]
+__all__ = [
+    "Block",
+    "Concat",
+    "HeadLocation",
+    "Kind",
+    "Patch",
+    "Piece",
+    "Plan",
+    "Stack",
+    "build_plan",
+]
+
+# a numeric component of a module path (``encoder.layer.3.attention``): the layer index
+_LAYER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,6 +78,31 @@ class Kind:
     def describe(self) -> str:
         group = self.manifold.group_name(self.shape)
         return f"{group} on {self.manifold!r}, point {(self.batch, *self.shape)}"
+
+
+@dataclass(frozen=True)
+class HeadLocation:
+    """Where one batch entry (head) of a kind's points lives in the model.
+
+    ``kind`` and ``index``: the entry, ``points[kind][index]``; ``block``: the index of its
+    block in :attr:`Plan.blocks`, ``label`` that block's label and ``head`` the head within
+    it; ``layer``: the first numeric component of the label's module path
+    (``encoder.layer.3.attention.self.QK`` -> 3), ``None`` when it has none; ``params``: the
+    canonical names of the parameters that hold the entry (or the requested rows of it), in
+    row order.
+    """
+
+    kind: int
+    index: int
+    block: int
+    label: str
+    head: int
+    layer: int | None
+    params: tuple[str, ...]
+
+    def __str__(self) -> str:
+        layer = "" if self.layer is None else f" (layer {self.layer})"
+        return f"{self.label}{layer}, head {self.head}"
 
 
 @dataclass(frozen=True)
@@ -119,6 +160,38 @@ class Plan:
     partial: dict[str, Tensor]
     adaptive_sizes: tuple[int, ...]
     views: dict[str, View]
+
+    @property
+    def rest_names(self) -> tuple[str, ...]:
+        """The parameters of the adaptive vector ``w`` in its order, one per entry of
+        :attr:`adaptive_sizes`: the wholly adaptive ones, then the partly covered ones."""
+        return self.adaptive_names + tuple(self.partial)
+
+    def locate(self, kind: int, index: int, rows: tuple[int, int] | None = None) -> HeadLocation:
+        """The block, head and parameters of entry ``index`` of kind ``kind``'s points.
+
+        A kind's points stack the heads of its blocks in :attr:`Kind.blocks` order. ``rows``
+        (``(start, stop)`` rows of the entry's point, e.g. the ``G`` rows of a GL pair)
+        restricts :attr:`HeadLocation.params` to the parameters holding those rows.
+        """
+        k = self.kinds[kind]
+        if not 0 <= index < k.batch:
+            raise IndexError(f"kind {kind} has {k.batch} entries, got index {index}")
+        starts = list(itertools.accumulate(k.sizes, initial=0))
+        position = bisect.bisect_right(starts, index) - 1
+        bi = k.blocks[position]
+        block = self.blocks[bi]
+        start, stop = (0, block.shape[0]) if rows is None else rows
+        names, offset = [], 0
+        for r in block.regions:
+            if offset < stop and start < offset + r.k and r.name not in names:
+                names.append(r.name)
+            offset += r.k
+        match = _LAYER.search(block.label)
+        layer = None if match is None else int(match.group(1))
+        return HeadLocation(
+            kind, index, bi, block.label, index - starts[position], layer, tuple(names)
+        )
 
 
 def build_plan(layout: Layout, blocks: list[Block]) -> Plan:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..diagnosis import Diagnosis
 from ..geometry import ParameterGeometry, find_symmetries
 from ..manifolds import AdaptiveGeometry, EuclideanGeometry
 from ..perturbation import MOVES, PerturbationSpace
@@ -140,21 +141,28 @@ class GeodesicSAM(torch.optim.Optimizer):
 
     @torch.no_grad()
     def first_step(self, zero_grad: bool = False) -> None:
-        """Move the weights in place to the perturbed point ``γ_ξ(1)`` (module docstring)."""
+        """Move the weights in place to the perturbed point ``γ_ξ(1)`` (module docstring).
+
+        A failure of the geometry at rank-deficient or non-finite weights raises a
+        ``ValueError`` naming the block, layer, head and parameters; the weights and ``.grad``
+        are then unchanged."""
         if self._origin is not None:
             raise RuntimeError("first_step was called twice; call second_step in between")
         _average_gradients_(self.model, self.geometry.params.values())
         points, w = self.geometry.gather()
         grad_points, grad_w = self.geometry.gather(self._gradients())
-        spaces = [
-            PerturbationSpace(m, x, self.move, m)
-            for m, x in zip(self.manifolds, points, strict=True)
-        ]
-        spaces.append(PerturbationSpace(self.rest, w, MOVES["first_order"], self.rest))
-        xi = [s.rgrad(g) for s, g in zip(spaces, [*grad_points, grad_w], strict=True)]
-        norm = sum(s.sqnorm(v) for s, v in zip(spaces, xi, strict=True)).sqrt()
-        scale = self.param_groups[0]["rho"] / (norm + torch.finfo(norm.dtype).tiny)
-        moved = [s.move(v * scale) for s, v in zip(spaces, xi, strict=True)]
+        # a failure at rank-deficient or non-finite weights names them; nothing is written yet
+        diagnosis = Diagnosis(self.geometry, self.manifolds, points, w, "the weights are unchanged")
+        with diagnosis.located():
+            spaces = [
+                PerturbationSpace(m, x, self.move, m)
+                for m, x in zip(self.manifolds, points, strict=True)
+            ]
+            spaces.append(PerturbationSpace(self.rest, w, MOVES["first_order"], self.rest))
+            xi = [s.rgrad(g) for s, g in zip(spaces, [*grad_points, grad_w], strict=True)]
+            norm = sum(s.sqnorm(v) for s, v in zip(spaces, xi, strict=True)).sqrt()
+            scale = self.param_groups[0]["rho"] / (norm + torch.finfo(norm.dtype).tiny)
+            moved = [s.move(v * scale) for s, v in zip(spaces, xi, strict=True)]
         params = list(self.geometry.params.values())
         self._origin = torch._foreach_mul(params, 1)  # the weights as they are, one copy
         self.geometry.assign_(moved[:-1], moved[-1])
