@@ -304,6 +304,9 @@ def test_projection_is_horizontal_and_idempotent(case):
         v_j = m.embed(part.vertical(q, omega), j)
         assert m.norm(p, v_j) > 0
         assert (m.norm(p, m.proju(p, v_j)) <= 1e-12 * m.norm(p, v_j)).all()
+    # the iterative path (conjugate gradients on the normal equations) gives the same projection
+    iterative = ProductQuotient(m.parts, size=m.size, labels=m.labels, dense_max=0)
+    assert rel(iterative.proju(x, u), hor) < 1e-10
     # the Riemannian gradient is horizontal, and M-dual to the Euclidean gradient on it
     grad = m.egrad2rgrad(p, u)
     assert rel(m.proju(p, grad), grad) < RTOL
@@ -354,6 +357,33 @@ def test_closed_forms_match_the_generic_path(case):
     torch.testing.assert_close(m.expmap(x, hor), end, rtol=0, atol=0)
     # a horizontal geodesic stays horizontal (the group acts by isometries)
     assert rel(m.proju(end, velocity), velocity) < 1e-9
+
+
+def test_a_product_checks_its_parts():
+    units = ReLUUnits(1)
+    with pytest.raises(ValueError, match="part 0: a part must read every position at most once"):
+        ProductQuotient([(units, torch.tensor([[[0], [0]]]))])
+    with pytest.raises(ValueError, match="1 of the 3 entries belong to no part"):
+        ProductQuotient([(units, torch.tensor([[[0], [1]]]))], size=3)
+    with pytest.raises(TypeError, match="part 0: the index must be an integer tensor"):
+        ProductQuotient([(units, torch.zeros(1, 2, 1))])
+    m = ProductQuotient(
+        [(units, torch.tensor([[[0], [1]]])), (units, torch.tensor([[[1], [2]]]))],
+        labels=["a", "b"],
+    )
+    x = torch.tensor([[1.0, 2.0, 3.0]], dtype=DT)
+    with pytest.raises(ValueError, match="1 entries of the point are 0"):
+        m.at(torch.tensor([[1.0, 0.0, 3.0]], dtype=DT))
+    with pytest.raises(ValueError, match="a tuple of one element per part"):
+        m.act(x, torch.ones(1, 1, 1, dtype=DT))
+    # a = 2 on part a's unit (in 0, out 1), b = 4 on part b's unit (in 1, out 2)
+    g = (torch.full((1, 1, 1), 2.0, dtype=DT), torch.full((1, 1, 1), 4.0, dtype=DT))
+    torch.testing.assert_close(m.act(x, g), torch.tensor([[0.5, 2.0 * 2.0 / 4.0, 12.0]], dtype=DT))
+    assert m.lie_shape(m.at(x)) == (2,)
+    torch.testing.assert_close(
+        m.vertical(m.at(x), torch.tensor([[1.0, 10.0]], dtype=DT)),
+        torch.tensor([[-1.0, 2.0 - 20.0, 30.0]], dtype=DT),
+    )
 
 
 # ---------------------------------------------------------------------- a hand-built block
