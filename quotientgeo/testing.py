@@ -73,8 +73,10 @@ def move_along_orbits_(
     """Move every block of ``geometry.model`` along its orbit, in place: ``x ↦ g · x``.
 
     ``g = manifold.random_group(x, scale=scale)`` per kind (one element per head), applied with
-    ``manifold.act``: this works for every manifold that defines ``act``. Returns the
-    group elements.
+    ``manifold.act``: this works for every manifold that defines ``act``. A product of
+    overlapping blocks (a :class:`~quotientgeo.ProductQuotient` kind) moves along the whole
+    product group: ``g`` is then a tuple of one element per part. Returns the group
+    elements.
     """
     points, _ = geometry.gather()
     manifolds = geometry.manifolds()

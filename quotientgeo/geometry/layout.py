@@ -2,12 +2,14 @@
 
 A :class:`Source` names a region ``V[rows, cols]`` of one parameter seen as a 2-D matrix
 ``V``; :class:`Layout` resolves sources against a model (:class:`Region`) and records which
-regions blocks cover, so that overlapping declarations are refused.
+regions blocks cover, so that overlapping declarations are refused (unless they form a product
+of groups).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -15,7 +17,7 @@ from torch import nn
 
 Tensor = torch.Tensor
 
-__all__ = ["Layout", "Region", "Source", "View"]
+__all__ = ["Layout", "Region", "Source", "View", "overlaps"]
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,11 @@ class Region:
 
     def of(self, param: Tensor) -> Tensor:
         """The region of ``param``."""
-        m = self.view.matrix(param)
-        return m[self.rows[0] : self.rows[1], self.cols[0] : self.cols[1]]
+        return self.of_matrix(self.view.matrix(param))
+
+    def of_matrix(self, matrix: Tensor) -> Tensor:
+        """The region of a matrix already in the view's shape and row order."""
+        return matrix[self.rows[0] : self.rows[1], self.cols[0] : self.cols[1]]
 
     def to_factor(self, region: Tensor, heads: int) -> Tensor:
         """Region ``(heads·r·h, c)`` (axis 0) or ``(c, heads·r·h)`` (axis 1) -> ``(heads, k, h)``
@@ -209,25 +214,49 @@ class Layout:
             )
         return Region(src, name, arranged, rows, cols, group * k, features // (heads * group))
 
-    def claim(self, regions: tuple[Region, ...], label: str) -> None:
-        """Mark ``regions`` as covered, or raise with nothing marked."""
-        filled: list[Tensor] = []
+    def claim(
+        self, regions: tuple[Region, ...], label: str, *, shared: bool = False
+    ) -> Callable[[], None]:
+        """Mark ``regions`` as covered, or raise with nothing marked; returns a function that
+        undoes the claim.
+
+        ``shared=False`` refuses entries that another block covers already; ``shared=True``
+        (a part of a product of groups) accepts them. Either way a block may not cover an
+        entry twice, and every block views a parameter alike.
+        """
+        filled: list[tuple[Tensor, Tensor | None]] = []  # (area, its coverage; None: all False)
         new_masks: list[str] = []
         new_views: list[str] = []
+
+        def undo() -> None:
+            # restore in reverse order, so an area filled twice gets its first state back
+            for area, before in reversed(filled):
+                if before is None:
+                    area.fill_(False)
+                else:
+                    area.copy_(before)
+            for name in new_masks:
+                del self.coverage[name]
+            for name in new_views:
+                del self.views[name]
+
         try:
+            if shared:
+                _refuse_self_overlap(regions, label)
             for r in regions:
                 mask = self.coverage.get(r.name)
                 if mask is None:
                     mask = self.coverage[r.name] = torch.zeros(r.view.shape, dtype=torch.bool)
                     new_masks.append(r.name)
                 area = mask[r.rows[0] : r.rows[1], r.cols[0] : r.cols[1]]
-                if bool(area.any()):
+                if not shared and bool(area.any()):
                     raise ValueError(
                         f"{label}: rows {r.rows}, cols {r.cols} of {r.name!r} already belong to "
-                        "another block"
+                        "another block (declare it with product=True to measure the quotient "
+                        "by the product of the groups, when their actions commute)"
                     )
+                filled.append((area, area.clone() if shared else None))
                 area.fill_(True)
-                filled.append(area)
             for r in regions:
                 view = self.views.get(r.name)
                 if view is None:
@@ -239,11 +268,27 @@ class Layout:
                         f"and as {r.view} here"
                     )
         except Exception:
-            # every filled area was all False before (it was checked), so this restores it
-            for area in filled:
-                area.fill_(False)
-            for name in new_masks:
-                del self.coverage[name]
-            for name in new_views:
-                del self.views[name]
+            undo()
             raise
+        return undo
+
+
+def overlaps(a: Region, b: Region) -> bool:
+    """Do two regions share an entry (the same parameter, intersecting rows and columns)?"""
+    return (
+        a.name == b.name
+        and a.rows[0] < b.rows[1]
+        and b.rows[0] < a.rows[1]
+        and a.cols[0] < b.cols[1]
+        and b.cols[0] < a.cols[1]
+    )
+
+
+def _refuse_self_overlap(regions: tuple[Region, ...], label: str) -> None:
+    for i, a in enumerate(regions):
+        for b in regions[:i]:
+            if overlaps(a, b):
+                raise ValueError(
+                    f"{label}: rows {a.rows}, cols {a.cols} of {a.name!r} are covered twice by "
+                    "this block"
+                )

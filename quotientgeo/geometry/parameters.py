@@ -6,7 +6,9 @@ A :class:`ParameterGeometry` splits the trainable parameters of a :class:`torch.
   points of shape ``(Σ k_f, h)``, head ``i``'s point stacking the ``(k_f × h)`` parts of its
   factors (see :class:`Source`) along rows. Blocks on equal manifolds with equal point shapes
   form one *kind*, stored batched as one ``(batch, Σ k_f, h)`` tensor, so that one manifold
-  handles all heads of all layers at once;
+  handles all heads of all layers at once. Blocks that share parameter entries (declared with
+  ``product=True``) form a *product* instead: one kind whose point ``(1, D)`` holds the union
+  of their entries, on a :class:`~quotientgeo.ProductQuotient`;
 - the **adaptive rest**: every other trainable element, flattened into one vector ``w`` for
   the element-wise geometry of adaptive sharpness (:class:`~quotientgeo.AdaptiveGeometry`).
 
@@ -25,8 +27,9 @@ from torch import nn
 
 from ..manifolds import AdaptiveGeometry, GLQuotient, QuotientManifold, RescaleQuotient
 from ..validation import positive_int
-from .layout import Layout, Source
+from .layout import Layout, Source, overlaps
 from .plan import Block, HeadLocation, Kind, Plan, build_plan, n_entries
+from .product import Product, check_product, make_product
 from .transfer import gather, scatter
 
 Tensor = torch.Tensor
@@ -66,11 +69,17 @@ class ParameterGeometry:
         self.model = model
         self.layout = Layout(model)
         self.blocks: list[Block] = []
+        self.products: list[Product] = []  # groups of overlapping blocks, each one kind
         self._plan: Plan | None = None  # built on first use after the last declaration
 
     # ------------------------------------------------------------------ declaration
     def add(
-        self, manifold: QuotientManifold, *factors, heads: int = 1, label: str | None = None
+        self,
+        manifold: QuotientManifold,
+        *factors,
+        heads: int = 1,
+        label: str | None = None,
+        product: bool = False,
     ) -> ParameterGeometry:
         """Declare a block of ``heads`` points on ``manifold``; returns ``self``.
 
@@ -80,6 +89,19 @@ class ParameterGeometry:
         columns are), and head ``i``'s point stacks its factors along rows: shape
         ``(Σ k_f, h)``. An invalid block raises a ``ValueError`` naming it (a ``KeyError``
         for an unknown parameter) and leaves the geometry unchanged.
+
+        A block may share parameter entries with blocks declared before it only with
+        ``product=True``: it then joins them (and the products they belong to) in one
+        quotient by the product of their groups, measured as one point ``(1, D)`` that holds
+        the union of their entries on a :class:`~quotientgeo.ProductQuotient`: vertical
+        space ``Σ_j V_j``, action ``g_1 · (… (g_n · x))`` and the element-wise metric
+        ``Σ η²/x²``, the one metric that every re-scaling of entries preserves (the parts'
+        own metrics are not used). The declaration is refused unless, at the current
+        parameters (in float64, with random group elements of the parts), the new block's
+        action commutes with those of the blocks it overlaps, every part's action preserves
+        the metric (both to ``√ε ≈ 1.5e-8`` relative), no covered entry is 0, and (for
+        ``K ≤ dense_max`` generators) the parts' vertical spaces are independent. A
+        ``product=True`` block that overlaps nothing is an ordinary block.
         """
         label = label or f"block {len(self.blocks)}"
         if not isinstance(manifold, QuotientManifold):
@@ -101,10 +123,42 @@ class ParameterGeometry:
         ok, reason = manifold._check_shape((heads, *block.shape), "the point")
         if not ok:
             raise ValueError(f"{label}: {type(manifold).__name__} rejects its points: {reason}")
-        self.layout.claim(regions, label)
+        if not isinstance(product, bool):
+            raise TypeError(f"{label}: product must be True or False, got {product!r}")
+        touched = (
+            [
+                bi
+                for bi, other in enumerate(self.blocks)
+                if any(overlaps(a, b) for a in regions for b in other.regions)
+            ]
+            if product
+            else []
+        )
+        undo = self.layout.claim(regions, label, shared=bool(touched))
+        if touched:
+            try:
+                joined = self._join(block, touched, label)
+            except BaseException:
+                undo()
+                raise
+            self.products = [p for p in self.products if not set(p.parts) & set(joined.parts)]
+            self.products.append(joined)
         self.blocks.append(block)
         self._plan = None
         return self
+
+    def _join(self, block: Block, touched: list[int], label: str) -> Product:
+        """The product of ``block`` with the blocks ``touched`` and their products, checked."""
+        new = len(self.blocks)
+        parts = set(touched)
+        for p in self.products:
+            if parts & set(p.parts):
+                parts |= set(p.parts)
+        parts = (*sorted(parts), new)
+        joined = make_product([*self.blocks, block], parts)
+        position = {b: j for j, b in enumerate(parts)}
+        check_product(joined, len(parts) - 1, [position[b] for b in touched], self.params, label)
+        return joined
 
     def add_gl_pair(self, g, h, *, heads: int = 1, label: str | None = None) -> ParameterGeometry:
         """Declare GL pairs ``(G, H)``, one per head, that enter the network through ``G Hᵀ``.
@@ -144,7 +198,7 @@ class ParameterGeometry:
     def plan(self) -> Plan:
         """The frozen plan of the declared blocks (built once after the last declaration)."""
         if self._plan is None:
-            self._plan = build_plan(self.layout, self.blocks)
+            self._plan = build_plan(self.layout, self.blocks, tuple(self.products))
         return self._plan
 
     @property

@@ -16,6 +16,7 @@ import torch
 
 from ..manifolds import QuotientManifold
 from .layout import Layout, Region, Source, View
+from .product import Product, Span
 
 Tensor = torch.Tensor
 
@@ -27,6 +28,7 @@ __all__ = [
     "Patch",
     "Piece",
     "Plan",
+    "Segment",
     "Stack",
     "build_plan",
 ]
@@ -64,16 +66,21 @@ class Block:
 
 @dataclass(frozen=True)
 class Kind:
-    """Blocks on equal manifolds with equal point shapes, stored as one batched tensor."""
+    """Blocks on equal manifolds with equal point shapes, stored as one batched tensor.
+
+    With ``product`` set, the kind is a product of overlapping blocks instead: one point
+    ``(1, D)`` holding the union of their entries, on ``product.manifold``.
+    """
 
     manifold: QuotientManifold
-    shape: tuple[int, int]  # point shape of one head
+    shape: tuple[int, ...]  # point shape of one head
     blocks: tuple[int, ...]  # indices into Plan.blocks
     sizes: tuple[int, ...]  # heads contributed by each block
+    product: Product | None = None
 
     @property
     def batch(self) -> int:
-        return sum(self.sizes)
+        return 1 if self.product is not None else sum(self.sizes)
 
     def describe(self) -> str:
         group = self.manifold.group_name(self.shape)
@@ -123,10 +130,20 @@ class Concat:
 
 
 @dataclass(frozen=True)
+class Segment:
+    """The entries ``span`` of a parameter in the point of product kind ``kind``."""
+
+    kind: int
+    span: Span
+
+
+@dataclass(frozen=True)
 class Patch:
-    """A parameter partly covered (or in a pattern that is no tiling): slice scatters."""
+    """A parameter partly covered (or in a pattern that is no tiling): slice scatters of
+    ``pieces``, then masked scatters of product ``segments``."""
 
     pieces: tuple[Piece, ...]
+    segments: tuple[Segment, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -147,9 +164,12 @@ class Plan:
     """Everything gather and scatter need, fixed when the blocks are.
 
     ``assembly`` says how each covered parameter is rebuilt; ``stacks`` (or ``None``) the same
-    batched over layers; ``adaptive_names`` are the wholly uncovered parameters and
-    ``partial`` the masks of uncovered entries of partly covered ones (over their views, on
-    the parameter's device).
+    batched over layers, for the parameters that no product touches (``product_names`` are
+    those that only products cover); ``adaptive_names`` are the wholly uncovered parameters
+    and ``partial`` the masks of uncovered entries of partly covered ones (over their views,
+    on the parameter's device); ``segments`` lists, per product kind, where its point's
+    entries go, and ``segment_masks`` holds the masks of the segments that cover a parameter
+    partly (on the parameter's device), by ``(kind, name)``.
     """
 
     blocks: tuple[Block, ...]
@@ -160,6 +180,9 @@ class Plan:
     partial: dict[str, Tensor]
     adaptive_sizes: tuple[int, ...]
     views: dict[str, View]
+    segments: dict[int, tuple[Segment, ...]]
+    segment_masks: dict[tuple[int, str], Tensor]
+    product_names: tuple[str, ...]
 
     @property
     def rest_names(self) -> tuple[str, ...]:
@@ -194,21 +217,38 @@ class Plan:
         )
 
 
-def build_plan(layout: Layout, blocks: list[Block]) -> Plan:
-    """Group ``blocks`` into kinds and plan the reassembly of every parameter."""
+def build_plan(layout: Layout, blocks: list[Block], products: tuple[Product, ...] = ()) -> Plan:
+    """Group ``blocks`` into kinds and plan the reassembly of every parameter.
+
+    The parts of ``products`` form no kinds of their own: each product is one kind.
+    """
+    part_of = {b: product for product in products for b in product.parts}
     members: dict[tuple, list[int]] = {}
     for bi, block in enumerate(blocks):
-        key = (block.manifold.geometry_key(), block.shape)
+        if bi in part_of:
+            key = ("product", id(part_of[bi]))
+        else:
+            key = (block.manifold.geometry_key(), block.shape)
         members.setdefault(key, []).append(bi)
-    kinds = tuple(
-        Kind(
-            blocks[bis[0]].manifold,
-            blocks[bis[0]].shape,
-            tuple(bis),
-            tuple(blocks[b].heads for b in bis),
-        )
-        for bis in members.values()
-    )
+    kinds = []
+    for bis in members.values():
+        product = part_of.get(bis[0])
+        if product is None:
+            first = blocks[bis[0]]
+            kinds.append(
+                Kind(first.manifold, first.shape, tuple(bis), tuple(blocks[b].heads for b in bis))
+            )
+        else:
+            kinds.append(
+                Kind(
+                    product.manifold,
+                    (product.size,),
+                    product.parts,
+                    tuple(blocks[b].heads for b in product.parts),
+                    product,
+                )
+            )
+    kinds = tuple(kinds)
     coverage = layout.coverage
     adaptive_names = tuple(n for n in layout.params if n not in coverage)
     uncovered = {n: ~mask for n, mask in coverage.items() if not bool(mask.all())}
@@ -219,28 +259,49 @@ def build_plan(layout: Layout, blocks: list[Block]) -> Plan:
     partial = {n: m.to(layout.params[n].device) for n, m in uncovered.items()}
     pieces: dict[str, list[Piece]] = {}
     for bi, block in enumerate(blocks):
+        if bi in part_of:
+            continue
         for j, region in enumerate(block.regions):
             pieces.setdefault(region.name, []).append(Piece(bi, j, region))
+    segments: dict[int, tuple[Segment, ...]] = {}
+    by_name: dict[str, list[Segment]] = {}
+    segment_masks: dict[tuple[int, str], Tensor] = {}
+    for ki, kind in enumerate(kinds):
+        if kind.product is None:
+            continue
+        segments[ki] = tuple(Segment(ki, span) for span in kind.product.spans)
+        for seg in segments[ki]:
+            by_name.setdefault(seg.span.name, []).append(seg)
+            if seg.span.mask is not None:
+                device = layout.params[seg.span.name].device
+                segment_masks[ki, seg.span.name] = seg.span.mask.to(device)
     assembly: dict[str, Concat | Patch] = {}
-    for name, ps in pieces.items():
+    for name in layout.views:
+        ps, segs = pieces.get(name, []), tuple(by_name.get(name, ()))
         view = layout.views[name].shape
         by_rows = sorted(ps, key=lambda p: p.region.rows)
         by_cols = sorted(ps, key=lambda p: p.region.cols)
-        if name not in partial and _tiles(by_rows, 0, view):
+        if not segs and name not in partial and _tiles(by_rows, 0, view):
             assembly[name] = Concat(0, tuple(by_rows))
-        elif name not in partial and _tiles(by_cols, 1, view):
+        elif not segs and name not in partial and _tiles(by_cols, 1, view):
             assembly[name] = Concat(1, tuple(by_cols))
         else:
-            assembly[name] = Patch(tuple(ps))
+            assembly[name] = Patch(tuple(ps), segs)
+    product_names = tuple(
+        n for n, how in assembly.items() if isinstance(how, Patch) and not how.pieces
+    )
     return Plan(
         blocks=tuple(blocks),
         kinds=kinds,
         assembly=assembly,
-        stacks=_stack_layers(blocks, kinds, assembly),
+        stacks=_stack_layers(blocks, kinds, assembly, product_names),
         adaptive_names=adaptive_names,
         partial=partial,
         adaptive_sizes=adaptive_sizes,
         views=dict(layout.views),
+        segments=segments,
+        segment_masks=segment_masks,
+        product_names=product_names,
     )
 
 
@@ -257,22 +318,28 @@ def _tiles(pieces: list[Piece], axis: int, view: tuple[int, int]) -> bool:
     return pos == view[axis]
 
 
-def _stack_layers(blocks, kinds, assembly) -> tuple[Stack, ...] | None:
+def _stack_layers(blocks, kinds, assembly, product_names=()) -> tuple[Stack, ...] | None:
     """The scatter batched over layers, or ``None`` (then scatter goes block by block).
 
     Possible when every kind is homogeneous (all its blocks lay out the same regions of
     same-shaped parameters) and every covered parameter is a concatenation of regions taken
     at one block position: then each (kind, region) is formed for all layers at once, and the
-    parameters of all layers come from one ``cat`` and ``unbind``.
+    parameters of all layers come from one ``cat`` and ``unbind``. Product kinds and the
+    parameters only they cover (``product_names``) are left aside: scatter fills those from
+    the products' points.
     """
     position = {}
     for ki, kind in enumerate(kinds):
+        if kind.product is not None:
+            continue
         if len({blocks[b].layout_key() for b in kind.blocks}) != 1:
             return None
         for i, b in enumerate(kind.blocks):
             position[b] = (ki, i)
     groups: dict[tuple, dict[int, str]] = {}
     for name, how in assembly.items():
+        if name in product_names:
+            continue
         at = {position[p.block][1] for p in how.pieces}
         if isinstance(how, Patch) or len(at) != 1:
             return None
@@ -290,5 +357,5 @@ def _stack_layers(blocks, kinds, assembly) -> tuple[Stack, ...] | None:
 
 
 def n_entries(kinds: tuple[Kind, ...]) -> int:
-    """Parameter entries covered by the kinds."""
+    """Parameter entries covered by the kinds (a product's shared entries once)."""
     return sum(k.batch * math.prod(k.shape) for k in kinds)

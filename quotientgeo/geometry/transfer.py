@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .plan import Concat, Plan
+from .plan import Concat, Plan, Segment
+from .product import span_values
 
 Tensor = torch.Tensor
 
@@ -26,6 +27,17 @@ def _mask(plan: Plan, name: str, device: torch.device) -> Tensor:
     return mask
 
 
+def _segment_mask(plan: Plan, seg: Segment, device: torch.device) -> Tensor | None:
+    """Mask of a product segment's entries on ``device`` (``None``: the whole parameter)."""
+    if seg.span.mask is None:
+        return None
+    key = seg.kind, seg.span.name
+    mask = plan.segment_masks[key]
+    if mask.device != device:
+        mask = plan.segment_masks[key] = mask.to(device)
+    return mask
+
+
 def gather(plan: Plan, params: dict[str, Tensor], dtype: torch.dtype, device) -> tuple:
     """``(points, w)``: one ``(batch, *shape)`` tensor per kind and the flat adaptive vector."""
 
@@ -33,7 +45,14 @@ def gather(plan: Plan, params: dict[str, Tensor], dtype: torch.dtype, device) ->
         return params[name].detach().to(dtype)
 
     points = []
-    for kind in plan.kinds:
+    for ki, kind in enumerate(plan.kinds):
+        if kind.product is not None:  # the union of the parts' entries, each once
+            values = []
+            for seg in plan.segments[ki]:
+                value = get(seg.span.name)
+                values.append(span_values(seg.span, value, _segment_mask(plan, seg, value.device)))
+            points.append(torch.cat(values).unsqueeze(0))  # a copy, never a view of a parameter
+            continue
         parts = []
         for bi in kind.blocks:
             block = plan.blocks[bi]
@@ -78,27 +97,50 @@ def scatter(
             else:
                 p = params[name]
                 out[name] = part.view(p.shape).to(p.dtype)
+    flat = {ki: points[ki].reshape(-1) for ki in plan.segments}  # product points (1, D)
+    regions: dict[tuple[int, int], Tensor] = {}
     if plan.stacks is not None:
         out.update(_scatter_stacked(plan, params, points))
-        return out
-    regions: dict[tuple[int, int], Tensor] = {}
-    for kind, y in zip(plan.kinds, points, strict=True):
-        chunks = torch.split(y, kind.sizes, dim=0) if len(kind.sizes) > 1 else (y,)
-        for bi, chunk in zip(kind.blocks, chunks, strict=True):
-            for j, value in enumerate(_split_regions(chunk, plan.blocks[bi])):
-                regions[bi, j] = value
-    for name, how in plan.assembly.items():
+        names = plan.product_names
+    else:
+        for kind, y in zip(plan.kinds, points, strict=True):
+            if kind.product is not None:
+                continue
+            chunks = torch.split(y, kind.sizes, dim=0) if len(kind.sizes) > 1 else (y,)
+            for bi, chunk in zip(kind.blocks, chunks, strict=True):
+                for j, value in enumerate(_split_regions(chunk, plan.blocks[bi])):
+                    regions[bi, j] = value
+        names = plan.assembly
+    for name in names:
+        how = plan.assembly[name]
         p = params[name]
         values = [regions[piece.block, piece.index] for piece in how.pieces]
         if isinstance(how, Concat):
             value = torch.cat(values, dim=how.dim)
+        elif (
+            not values
+            and len(how.segments) == 1
+            and name not in residual
+            and (how.segments[0].span.mask is None)
+        ):  # one product covers the whole parameter: a reshape of its entries
+            seg = how.segments[0]
+            part = flat[seg.kind][seg.span.offset : seg.span.offset + seg.span.size]
+            value = part.reshape(seg.span.view.shape)
         else:
-            value = plan.views[name].matrix(p.detach().to(values[0].dtype))
+            dtype = values[0].dtype if values else flat[how.segments[0].kind].dtype
+            value = plan.views[name].matrix(p.detach().to(dtype))
             for piece, region in zip(how.pieces, values, strict=True):
                 (r0, r1), (c0, c1) = piece.region.rows, piece.region.cols
                 if (c0, c1) != (0, value.shape[1]):
                     region = torch.slice_scatter(value[r0:r1], region, 1, c0, c1)
                 value = torch.slice_scatter(value, region, 0, r0, r1)
+            for seg in how.segments:
+                part = flat[seg.kind][seg.span.offset : seg.span.offset + seg.span.size]
+                mask = _segment_mask(plan, seg, value.device)
+                if mask is None:
+                    value = part.reshape(value.shape).to(value.dtype)
+                else:
+                    value = value.masked_scatter(mask, part.to(value.dtype))
             if name in residual:
                 mask = _mask(plan, name, value.device)
                 value = value.masked_scatter(mask, residual[name].to(value.dtype))
@@ -110,6 +152,8 @@ def _scatter_stacked(plan: Plan, params, points: Sequence[Tensor]) -> dict[str, 
     """Covered parameters of all layers at once (see :class:`~.plan.Stack`)."""
     regions: dict[tuple[int, int], Tensor] = {}
     for ki, (kind, y) in enumerate(zip(plan.kinds, points, strict=True)):
+        if kind.product is not None:
+            continue
         first = plan.blocks[kind.blocks[0]]
         y = y.reshape(len(kind.blocks), first.heads, *y.shape[1:])
         for j, value in enumerate(_split_regions(y, first)):

@@ -10,6 +10,7 @@ from .gl import (
     InterpolatedGLQuotient,
     RotaryGLQuotient,
 )
+from .product import ProductQuotient
 from .rescale import RescaleInvQuotient, RescaleMixQuotient, RescaleQuotient
 from .scale import ScaleQuotient
 
@@ -22,6 +23,7 @@ __all__ = [
     "GLQuotient",
     "GenericPath",
     "InterpolatedGLQuotient",
+    "ProductQuotient",
     "QuotientManifold",
     "RescaleInvQuotient",
     "RescaleMixQuotient",
