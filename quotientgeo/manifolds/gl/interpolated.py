@@ -25,13 +25,21 @@ class InterpolatedGLQuotient(GLQuotient):
     Args:
         n: number of rows of ``G``.
         metric: the interpolation weight ``s ∈ [0, 1]``.
-        eps, exp_steps, dense_max: as for :class:`GLQuotient`.
+        eps: Gram relaxation ``≥ 0``, as for :class:`GLQuotient`.
+        exp_steps: RK4 steps of :meth:`expmap`, as for :class:`GLQuotient`.
+        dense_max: as for :class:`GLQuotient`.
     """
 
     name = "InterpolatedGLQuotient"
 
     def __init__(
-        self, n: int, metric: float = 0.5, eps: float = 0.0, *, exp_steps=10, dense_max=64
+        self,
+        n: int,
+        metric: float = 0.5,
+        eps: float = 0.0,
+        *,
+        exp_steps: int = 10,
+        dense_max: int = 64,
     ):
         s = real_in("s", metric, 0.0, 1.0)
         super().__init__(n, s, eps, exp_steps=exp_steps, dense_max=dense_max)
