@@ -1,16 +1,19 @@
 """MkDocs hooks of the documentation site (``mkdocs.yml`` loads this file by path).
 
-Two jobs, both at build time, so that the built site needs no JavaScript from elsewhere and
-opens from a local build:
+They let the docstrings stay reStructuredText-flavoured plain text, readable in ``help()``, and
+still render as a site; everything happens at build time, so the built site needs no
+JavaScript from elsewhere and opens from a local build:
 
-- Sphinx-style roles in the docstrings (``:class:`~quotientgeo.GLQuotient```, ``:meth:`at```)
-  become cross-references of the API reference (mkdocs-autorefs, resolved from the scope of the
-  documented object), so a reference to a name the reference does not document fails
-  ``mkdocs build --strict``. Roles that name other libraries (torch, geoopt, …) or private
-  objects stay code.
-- Math written as ``$...$`` / ``$$...$$`` (or ``\\(...\\)``, ``\\[...\\]``) in pages and
-  docstrings, which ``pymdownx.arithmatex`` leaves as TeX, is converted to MathML, which browsers
-  render natively. TeX that does not convert fails the build.
+- Sphinx roles (``:class:`~quotientgeo.GLQuotient```, ``:meth:`ParameterGeometry.add```)
+  become cross-references into the API reference (mkdocs-autorefs). A role naming a public
+  object resolves to its canonical path; one naming quotientgeo's API with a name it does not
+  have fails ``mkdocs build --strict``. Roles naming other libraries (torch, geoopt, …),
+  private objects, modules, or a bare member of the documented class stay code.
+- reST simple tables become Markdown tables, and a paragraph's closing ``::`` (reST's marker of
+  the literal block that follows) a colon.
+- Math, written as reST's ``:math:`...``` role or as ``$...$``, ``$$...$$``, is converted to
+  MathML, which browsers render natively (``pymdownx.arithmatex`` marks it, this hook converts
+  it); TeX that does not convert fails the strict build.
 """
 
 from __future__ import annotations
@@ -131,6 +134,8 @@ class _Roles(Preprocessor):
             if FENCE.match(line):
                 fenced = not fenced
             if not fenced:
+                if line.endswith("::") and line.strip() != "::":
+                    line = line[:-1]  # reST's "paragraph::" before a literal block
                 line = MATH_ROLE.sub(lambda m: f"${m.group(1).strip()}$", line)
                 line = ROLE.sub(lambda m: _role_to_markdown(m, public), line)
             out.append(line)

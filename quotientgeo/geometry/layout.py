@@ -161,15 +161,17 @@ class Layout:
                 "only trainable parameters can form symmetry blocks"
             )
         p = self.params[name]
+        view: tuple[int, int]
         if src.view is not None:
-            view = tuple(int(s) for s in src.view)
-            if math.prod(view) != p.numel() or len(view) != 2:
+            sizes = tuple(int(s) for s in src.view)
+            if math.prod(sizes) != p.numel() or len(sizes) != 2:
                 raise ValueError(
                     f"{label}: view {src.view} does not fit parameter {name!r} of shape "
                     f"{tuple(p.shape)}"
                 )
+            view = (sizes[0], sizes[1])
         elif p.dim() in (1, 2):
-            view = (p.shape[0], 1) if p.dim() == 1 else tuple(p.shape)
+            view = (p.shape[0], 1) if p.dim() == 1 else (p.shape[0], p.shape[1])
         else:
             raise ValueError(
                 f"{label}: parameter {name!r} has shape {tuple(p.shape)}; "

@@ -247,7 +247,9 @@ class ParameterGeometry:
     def assign_(self, points: Sequence[Tensor], w: Tensor | None = None) -> None:
         """Write scattered ``points`` (and ``w``) into the model's parameters, in place."""
         values = self.scatter(points, w)
-        torch._foreach_copy_([self.params[name] for name in values], list(values.values()))
+        targets: list[Tensor] = [self.params[name] for name in values]
+        # one fused copy (torch's _foreach ops have no public names)
+        torch._foreach_copy_(targets, list(values.values()))  # pyright: ignore[reportPrivateImportUsage]
 
     # ------------------------------------------------------------------ display
     def summary(self) -> str:

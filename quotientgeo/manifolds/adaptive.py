@@ -13,18 +13,19 @@ __all__ = ["AdaptiveGeometry"]
 
 
 class AdaptiveGeometry(QuotientManifold):
-    r"""Weights ``w`` (shape ``(..., d)``) with the metric ``<η, ζ>_w = Σ η ζ / ŵ²``.
+    r"""Weights ``w`` (shape ``(..., d)``) with the adaptive metric of adaptive sharpness.
 
-    ``ŵ = max(|w|, floor)``: the norm ``||ξ ⊙ ŵ⁻¹||₂`` is the adaptive norm of adaptive
+    The metric is :math:`\langle η, ζ \rangle_w = \sum η ζ / ŵ^2` with
+    ``ŵ = max(|w|, floor)``. The norm ``||ξ ⊙ ŵ⁻¹||₂`` is the adaptive norm of adaptive
     sharpness, the Riemannian gradient is ``∇ ⊙ ŵ²``, the isotropic map ``e ↦ ŵ e``, and the
     trivial group acts, so every vector is horizontal. The floor keeps the metric finite at
     zero weights: a zero weight can move by at most ``ρ · floor`` inside a ball of radius
     ``ρ`` (Andriushchenko et al. do not move it at all). The default ``1e-12`` is far below
     any weight that matters in float32 or float64.
 
-    The metric is a product of one-dimensional metrics ``dw² / w²``, so
-    ``Γ(ξ, η) = -ξ ⊙ η / w`` and the exact geodesic is ``w ⊙ exp(ξ / w)`` (away from the floor).
-    Adaptive sharpness itself perturbs along straight lines (:meth:`retr`).
+    The metric is a product of one-dimensional metrics :math:`dw^2 / w^2`, so
+    :math:`Γ(ξ, η) = -ξ ⊙ η / w` and the exact geodesic is :math:`w ⊙ \exp(ξ / w)` (away from
+    the floor). Adaptive sharpness itself perturbs along straight lines (:meth:`retr`).
     """
 
     name = "AdaptiveGeometry"

@@ -37,6 +37,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
 
 import torch
 from geoopt.manifolds.base import Manifold
@@ -45,6 +46,7 @@ from ..linalg import cholesky, conjugate_gradient
 from ..validation import positive_int
 
 Tensor = torch.Tensor
+T = TypeVar("T")
 
 __all__ = ["AtPoint", "GenericPath", "QuotientManifold"]
 
@@ -61,9 +63,9 @@ class AtPoint:
     def __init__(self, manifold: QuotientManifold, x: Tensor):
         self.manifold = manifold
         self.x = x
-        self.cache: dict[str, object] = {}
+        self.cache: dict[str, Any] = {}  # each value is what compute() of its key returned
 
-    def cached(self, key: str, compute: Callable[[], object]):
+    def cached(self, key: str, compute: Callable[[], T]) -> T:
         """``compute()`` on first request of ``key``, the stored value afterwards."""
         try:
             return self.cache[key]
@@ -184,7 +186,13 @@ class QuotientManifold(Manifold):
         return self
 
     # ------------------------------------------------------------------ points
-    def at(self, x) -> AtPoint:
+    def _check_shape(self, shape: tuple[int, ...], name: str) -> tuple[bool, str | None]:
+        """``(ok, reason)`` for a point shape; subclasses refine it (geoopt's hook)."""
+        # geoopt annotates shape as Tuple[int] (a 1-tuple) for a tuple of any length
+        result = super()._check_shape(shape, name)  # pyright: ignore[reportArgumentType]
+        return result if isinstance(result, tuple) else (result, None)
+
+    def at(self, x: Tensor | AtPoint) -> AtPoint:
         """The point ``x`` with its point-only quantities cached (see :class:`AtPoint`)."""
         if isinstance(x, AtPoint):
             if x.manifold is self:
@@ -234,7 +242,7 @@ class QuotientManifold(Manifold):
         return type(self), repr(self), state
 
     # ------------------------------------------------------------------ metric
-    def _pair_at(self, x, u: Tensor, v: Tensor | None) -> tuple[AtPoint, Tensor]:
+    def _pair_at(self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None) -> tuple[AtPoint, Tensor]:
         """The cached point and ``v`` (``u`` when ``None``), both vectors checked."""
         p = self.at(x)
         self._check_vector(p, u)
@@ -243,17 +251,19 @@ class QuotientManifold(Manifold):
         self._check_vector(p, v, "v")
         return p, v
 
-    def inner(self, x, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False) -> Tensor:
+    def inner(
+        self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False
+    ) -> Tensor:
         """``<u, v>_x = Σ u ⊙ M(x) v``."""
         p, v = self._pair_at(x, u, v)
         return self._reduce(u * self.metric(p, v), keepdim)
 
-    def norm(self, x, u: Tensor, *, keepdim: bool = False) -> Tensor:
+    def norm(self, x: Tensor | AtPoint, u: Tensor, *, keepdim: bool = False) -> Tensor:
         """``||u||_x = sqrt(<u, u>_x)``."""
         return self.inner(x, u, keepdim=keepdim).clamp_min(0).sqrt()
 
     # ------------------------------------------------------------------ projection
-    def proju(self, x, u: Tensor) -> Tensor:
+    def proju(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         """Horizontal projection ``u - V ω`` with ``(V* M V) ω = V* M u``."""
         p = self.at(x)
         self._check_vector(p, u)
@@ -306,16 +316,18 @@ class QuotientManifold(Manifold):
         """The Euclidean adjoint ``w ↦ V* w`` of the (linear) vertical map, by a VJP."""
         batch = p.x.shape[: p.x.dim() - self.ndim]
         zeros = p.x.new_zeros(*batch, *self.lie_shape(p))
-        _, adjoint_fn = torch.func.vjp(lambda w: self.vertical(p, w), zeros)
+        adjoint_fn = torch.func.vjp(lambda w: self.vertical(p, w), zeros)[1]
         return lambda w: adjoint_fn(w)[0]
 
-    def egrad2rgrad(self, x, u: Tensor) -> Tensor:
+    def egrad2rgrad(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         """Riemannian gradient ``proj(M⁻¹ ∇)`` from the Euclidean gradient ``∇``."""
         p = self.at(x)
         self._check_vector(p, u, "the gradient")
         return self.proju(p, self.metric_inv(p, u))
 
-    def random_tangent(self, x, *, generator: torch.Generator | None = None) -> Tensor:
+    def random_tangent(
+        self, x: Tensor | AtPoint, *, generator: torch.Generator | None = None
+    ) -> Tensor:
         """A random horizontal vector ``proj(T e)``, ``e ~ N(0, I)`` (see :meth:`isotropic`):
         isotropic in the metric before the projection, so in the horizontal space too."""
         p = self.at(x)
@@ -323,7 +335,7 @@ class QuotientManifold(Manifold):
         return self.proju(p, self.isotropic(p, e))
 
     # ------------------------------------------------------------------ geodesics
-    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
+    def christoffel(self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None) -> Tensor:
         """Christoffel contraction ``Γ(u, v)`` (``v=None``: ``Γ(u, u)``)."""
         if v is not None:
             return 0.25 * (self.christoffel(x, u + v) - self.christoffel(x, u - v))
@@ -336,25 +348,27 @@ class QuotientManifold(Manifold):
         def apply_metric(y: Tensor) -> Tensor:
             return self.metric(AtPoint(self, y), u)
 
-        _, dM_u_u = torch.func.jvp(apply_metric, (X,), (u,))
-        _, vjp_fn = torch.func.vjp(apply_metric, X)
+        dM_u_u = torch.func.jvp(apply_metric, (X,), (u,))[1]
+        vjp_fn = torch.func.vjp(apply_metric, X)[1]
         (grad_uMu,) = vjp_fn(u)
         return self.metric_inv(p, dM_u_u - 0.5 * grad_uMu)
 
-    def retr(self, x, u: Tensor) -> Tensor:
+    def retr(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         """First-order retraction ``x + u``."""
         return self.at(x).x + u
 
-    def expmap2(self, x, u: Tensor) -> Tensor:
+    def expmap2(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         """Second-order approximation of the exponential map ``x + u - ½ Γ(u, u)``."""
         p = self.at(x)
         return p.x + u - 0.5 * self.christoffel(p, u)
 
-    def expmap(self, x, u: Tensor, *, steps: int | None = None) -> Tensor:
+    def expmap(self, x: Tensor | AtPoint, u: Tensor, *, steps: int | None = None) -> Tensor:
         """Exact exponential map: RK4 on ``ẍ = -Γ(ẋ, ẋ)`` over ``t ∈ [0, 1]``."""
         return self.geodesic(x, u, steps=steps)[0]
 
-    def geodesic(self, x, u: Tensor, *, steps: int | None = None) -> tuple[Tensor, Tensor]:
+    def geodesic(
+        self, x: Tensor | AtPoint, u: Tensor, *, steps: int | None = None
+    ) -> tuple[Tensor, Tensor]:
         """End point and end velocity ``(γ(1), γ'(1))`` of the geodesic from ``(x, u)``, RK4."""
         steps = self.exp_steps if steps is None else positive_int("steps", steps)
         p = self.at(x)
@@ -383,7 +397,7 @@ class QuotientManifold(Manifold):
         return y, v
 
     # ------------------------------------------------------------------ transport
-    def transp(self, x, y: Tensor, v: Tensor) -> Tensor:
+    def transp(self, x: Tensor | AtPoint, y: Tensor, v: Tensor) -> Tensor:
         """Vector transport by horizontal projection at the new point ``y``."""
         return self.proju(y, v)
 

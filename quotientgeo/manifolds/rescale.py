@@ -29,8 +29,9 @@ class RescaleQuotient(QuotientManifold):
     A point is ``x = [u; v]`` of shape ``(..., 2, d)`` with non-zero entries; the network
     only uses ``β = u ⊙ v``. Vertical vectors ``(-u ω, v ω)``; both metrics share the horizontal
     space ``η_u / u = η_v / v``, so the projection is the same for both:
-    ``proj(ξ) = (u b, v b)`` with ``b = ½ (ξ_u / u + ξ_v / v)``. Both metrics are diagonal,
-    ``M(x) u = u ⊙ m(x)``, so the isotropic map is ``e / √m(x)``.
+    :math:`\operatorname{proj}(ξ) = (u b, v b)` with :math:`b = \tfrac12 (ξ_u / u + ξ_v / v)`.
+    Both metrics are diagonal, :math:`M(x) u = u ⊙ m(x)`, so the isotropic map is
+    :math:`e / \sqrt{m(x)}`.
     ``RescaleQuotient(metric)`` returns :class:`RescaleInvQuotient` (``"inv"``, default) or
     :class:`RescaleMixQuotient` (``"mix"``).
     """
@@ -41,7 +42,7 @@ class RescaleQuotient(QuotientManifold):
     def __new__(cls, metric=None, *args, **kwargs):
         if cls is RescaleQuotient:
             cls = _metric_class("inv" if metric is None else metric)
-        return super().__new__(cls)
+        return super().__new__(cls)  # pyright: ignore[reportArgumentType]  # the metric's class
 
     def __init__(self, metric: str | None = None, *, exp_steps: int = 10):
         if metric is not None and not isinstance(self, _metric_class(metric)):
@@ -56,7 +57,7 @@ class RescaleQuotient(QuotientManifold):
 
     def with_metric(self, metric: str | float, *, eps: float | None = None) -> RescaleQuotient:
         """``RescaleQuotient(metric)`` (``eps`` does not apply)."""
-        return RescaleQuotient(metric, exp_steps=self.exp_steps)
+        return _metric_class(metric)(exp_steps=self.exp_steps)
 
     def split(self, x) -> tuple[Tensor, Tensor]:
         """``[u; v] ↦ (u, v)``."""
@@ -75,6 +76,11 @@ class RescaleQuotient(QuotientManifold):
     # ------------------------------------------------------------------ primitives
     def lie_shape(self, p: AtPoint) -> tuple[int]:
         return (p.x.shape[-1],)
+
+    def metric(self, p: AtPoint, u: Tensor) -> Tensor:
+        """``M(x) u``, defined by each metric's class; not abstract, so that a type checker
+        accepts ``RescaleQuotient(metric)``, which constructs that class."""
+        raise NotImplementedError(f"{type(self).__name__} defines no metric")
 
     def vertical(self, p: AtPoint, omega: Tensor) -> Tensor:
         """``(-u ω, v ω)``."""

@@ -25,16 +25,19 @@ class ScaleQuotient(QuotientManifold):
 
     - action ``w ↦ a w`` (``a`` of shape ``(...)``), push ``ξ ↦ a ξ``; vertical ``ω w``
       (``ω`` a scalar per block, Lie algebra of dimension ``k = 1``);
-    - metric ``<η, ζ>_w = Σ η ζ / r²``: invariant because the action scales ``η``, ``ζ`` and
-      ``r`` by the same ``a``. In log-polar coordinates ``w = e^ρ θ`` (``|θ| = 1``) it is the
-      product metric ``dρ² + |dθ|²`` of a cylinder ``R × S^{d-1}``, and the quotient is the
-      unit sphere with its round metric;
-    - horizontal space ``<w, ξ> = 0``; projection ``ξ - (<w, ξ> / r²) w``;
-    - Riemannian gradient ``proj(r² ∇)``; isotropic map ``e ↦ r e``;
-    - Christoffel contraction ``Γ(u, v) = [(u·v) w - (w·u) v - (w·v) u] / r²`` (the conformally
-      flat metric ``e^{2φ} I`` with ``φ = -log r``);
-    - exact geodesic (product of a line and a great circle): with ``α = <w, u> / r²``,
-      ``u_⊥ = u - α w`` and ``ν = |u_⊥| / r``, ``Exp_w(u) = e^α (cos ν · w + sinc ν · u_⊥)``;
+    - metric :math:`\langle η, ζ \rangle_w = \sum η ζ / r^2`: invariant because the action
+      scales ``η``, ``ζ`` and ``r`` by the same ``a``. In log-polar coordinates ``w = e^ρ θ``
+      (``|θ| = 1``) it is the product metric ``dρ² + |dθ|²`` of a cylinder ``R × S^{d-1}``, and
+      the quotient is the unit sphere with its round metric;
+    - horizontal space :math:`\langle w, ξ \rangle = 0`; projection
+      :math:`\operatorname{proj}(ξ) = ξ - (\langle w, ξ \rangle / r^2)\, w`;
+    - Riemannian gradient :math:`\operatorname{proj}(r^2 ∇)`; isotropic map ``e ↦ r e``;
+    - Christoffel contraction
+      :math:`Γ(u, v) = [(u \cdot v)\, w - (w \cdot u)\, v - (w \cdot v)\, u] / r^2` (the
+      conformally flat metric :math:`e^{2φ} I` with :math:`φ = -\log r`);
+    - exact geodesic (product of a line and a great circle): with
+      :math:`α = \langle w, u \rangle / r^2`, :math:`u_⊥ = u - α w` and :math:`ν = |u_⊥| / r`,
+      :math:`\operatorname{Exp}_w(u) = e^α (\cos ν \cdot w + \operatorname{sinc} ν \cdot u_⊥)`;
       for horizontal ``u`` the norm ``r`` is preserved.
 
     Only the primitives ``lie_shape``, ``vertical``, ``metric`` are needed; the closed forms

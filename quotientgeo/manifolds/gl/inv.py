@@ -66,7 +66,7 @@ class GLInvQuotient(GLQuotient):
         return self._christoffel(x, u, v, coefficients)
 
 
-def _gamma(F: Tensor, W_inv: Tensor, u: Tensor, v: Tensor) -> tuple[Tensor, ...]:
+def _gamma(F: Tensor, W_inv: Tensor, u: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
     """Factor part ``F W⁻¹ sym(uᵀv) - u W⁻¹ sym(vᵀF) - v W⁻¹ sym(uᵀF)`` as ``(C_F, C_u, C_v)``.
 
     ``W`` is the Gram matrix of ``F``; for ``v is u`` the two last terms are one (``C_v`` is

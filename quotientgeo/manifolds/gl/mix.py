@@ -75,7 +75,7 @@ class GLMixQuotient(GLQuotient):
 
 def _gamma(
     W_inv: Tensor, uF: Tensor, vF: Tensor, K: Tensor, uK: Tensor, vK: Tensor
-) -> tuple[Tensor, ...]:
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """Factor part ``[u_F sym(v_Kᵀ K) + v_F sym(u_Kᵀ K) - F sym(u_Kᵀ v_K)] W⁻¹`` as
     ``(C_F, C_u, C_v)``.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ...linalg import cholesky, gram, mT
+from ...linalg import cholesky, gram, mT, tensor_sum
 from ...validation import integer
 from ..base import AtPoint, QuotientManifold
 from .base import GLQuotient
@@ -255,7 +255,7 @@ class _Projection:
         one = torch.ones(m, dtype=p.x.dtype, device=p.x.device)
         self.c = torch.cat([torch.stack([one, one], -1), torch.stack([one, -one], -1)])
         r = slice(0, 2 * m)
-        gram_rr = sum(self._pair_gram(L[..., r, r], R[..., r, r]) for L, R in self.terms)
+        gram_rr = tensor_sum(self._pair_gram(L[..., r, r], R[..., r, r]) for L, R in self.terms)
         if u:
             self._sylvester_factors()
             gram_rr = gram_rr - self._elimination()
@@ -302,12 +302,12 @@ class _Projection:
     def _coupling(self, omega_r: Tensor) -> Tensor:
         """``Σ_t L_tᵤᵣ Ω_r R_tᵣᵤ``."""
         r, f = slice(0, 2 * self.m), slice(2 * self.m, None)
-        return sum(L[..., f, r] @ omega_r @ R[..., r, f] for L, R in self.terms)
+        return tensor_sum(L[..., f, r] @ omega_r @ R[..., r, f] for L, R in self.terms)
 
     def _back_coupling(self, X: Tensor) -> Tensor:
         """``Σ_t L_tᵣᵤ X R_tᵤᵣ``."""
         r, f = slice(0, 2 * self.m), slice(2 * self.m, None)
-        return sum(L[..., r, f] @ X @ R[..., f, r] for L, R in self.terms)
+        return tensor_sum(L[..., r, f] @ X @ R[..., f, r] for L, R in self.terms)
 
     def _elimination(self) -> Tensor:
         """``[<E_α, Σ_t L_tᵣᵤ S⁻¹(T_β) R_tᵤᵣ>]_{αβ}`` with ``T_β = Σ_t L_tᵤᵣ E_β R_tᵣᵤ``."""
