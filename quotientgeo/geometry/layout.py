@@ -143,10 +143,12 @@ class Layout:
     def __init__(self, model: nn.Module):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        self.all = dict(model.named_parameters(remove_duplicate=False))
+        self.all: dict[str, nn.Parameter] = dict(model.named_parameters(remove_duplicate=False))
         canonical = {id(p): name for name, p in model.named_parameters()}
-        self.canonical = {name: canonical[id(p)] for name, p in self.all.items()}
-        self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        self.canonical: dict[str, str] = {name: canonical[id(p)] for name, p in self.all.items()}
+        self.params: dict[str, nn.Parameter] = {
+            name: p for name, p in model.named_parameters() if p.requires_grad
+        }
         self.coverage: dict[str, Tensor] = {}
         self.views: dict[str, View] = {}
 

@@ -19,6 +19,7 @@ the model. Scattering the gathered points reproduces every parameter exactly.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import torch
 from torch import nn
@@ -34,9 +35,11 @@ Tensor = torch.Tensor
 __all__ = ["HALF", "ParameterGeometry", "as_sources"]
 
 HALF = (torch.float16, torch.bfloat16)
+Factor: TypeAlias = str | Source | Sequence[str | Source]
+"""A factor of a block: a parameter name, a :class:`Source`, or a list of them stacked as rows."""
 
 
-def as_sources(spec) -> tuple[Source, ...]:
+def as_sources(spec: Factor) -> tuple[Source, ...]:
     """A factor given as a parameter name, a :class:`Source` or a list of them."""
     if isinstance(spec, (str, Source)):
         spec = [spec]
@@ -64,13 +67,13 @@ class ParameterGeometry:
 
     def __init__(self, model: nn.Module):
         self.model = model
-        self.layout = Layout(model)
+        self.layout: Layout = Layout(model)
         self.blocks: list[Block] = []
         self._plan: Plan | None = None  # built on first use after the last declaration
 
     # ------------------------------------------------------------------ declaration
     def add(
-        self, manifold: QuotientManifold, *factors, heads: int = 1, label: str | None = None
+        self, manifold: QuotientManifold, *factors: Factor, heads: int = 1, label: str | None = None
     ) -> ParameterGeometry:
         """Declare a block of ``heads`` points on ``manifold``; returns ``self``.
 
@@ -106,7 +109,9 @@ class ParameterGeometry:
         self._plan = None
         return self
 
-    def add_gl_pair(self, g, h, *, heads: int = 1, label: str | None = None) -> ParameterGeometry:
+    def add_gl_pair(
+        self, g: Factor, h: Factor, *, heads: int = 1, label: str | None = None
+    ) -> ParameterGeometry:
         """Declare GL pairs ``(G, H)``, one per head, that enter the network through ``G Hᵀ``.
 
         ``add(GLQuotient(n), g, h, heads=heads)`` with ``n`` the rows of ``G``: a plain name
@@ -118,7 +123,7 @@ class ParameterGeometry:
         n = self.rows(g, heads=heads, label=label)
         return self.add(GLQuotient(n, "mix"), g, h, heads=heads, label=label)
 
-    def rows(self, factor, *, heads: int = 1, label: str = "factor") -> int:
+    def rows(self, factor: Factor, *, heads: int = 1, label: str = "factor") -> int:
         """Rows ``k_f`` of one head's part of ``factor`` (a name, Source or list of them):
         ``n`` of a pair quotient whose ``G`` is this factor."""
         try:
@@ -127,7 +132,9 @@ class ParameterGeometry:
             raise ValueError(f"{label}: {err}") from None
         return sum(self.layout.resolve(s, heads, label).k for s in as_sources(factor))
 
-    def add_rescale_pair(self, u, v, *, label: str | None = None) -> ParameterGeometry:
+    def add_rescale_pair(
+        self, u: Factor, v: Factor, *, label: str | None = None
+    ) -> ParameterGeometry:
         """Declare an element-wise re-scaling pair ``(u, v) ~ (α u, v / α)`` (``β = u ⊙ v``).
 
         ``add(RescaleQuotient(), u, v)``: ``u`` and ``v`` are 1-D regions (a vector, or a

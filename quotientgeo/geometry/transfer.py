@@ -26,7 +26,9 @@ def _mask(plan: Plan, name: str, device: torch.device) -> Tensor:
     return mask
 
 
-def gather(plan: Plan, params: Mapping[str, Tensor], dtype: torch.dtype, device) -> tuple:
+def gather(
+    plan: Plan, params: Mapping[str, Tensor], dtype: torch.dtype, device: torch.device
+) -> tuple[list[Tensor], Tensor]:
     """``(points, w)``: one ``(batch, *shape)`` tensor per kind and the flat adaptive vector."""
 
     def get(name: str) -> Tensor:

@@ -33,7 +33,7 @@ class AdaptiveGeometry(QuotientManifold):
 
     def __init__(self, floor: float = 1e-12):
         super().__init__()
-        self.floor = positive_real("floor", floor)
+        self.floor: float = positive_real("floor", floor)
 
     def extra_repr(self) -> str:
         return f"floor={self.floor}"
@@ -68,7 +68,9 @@ class AdaptiveGeometry(QuotientManifold):
         """``ŵ e``."""
         return e * self.scale(p)
 
-    def inner(self, x, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False) -> Tensor:
+    def inner(
+        self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False
+    ) -> Tensor:
         """``Σ u v / ŵ²``; for ``v = u`` the square norm of ``u / ŵ``, in two passes over ``u``
         (this is the ball norm of adaptive sharpness, on every iteration's hot path)."""
         p, v = self._pair_at(x, u, v)
@@ -78,13 +80,13 @@ class AdaptiveGeometry(QuotientManifold):
             return torch.linalg.vector_norm(whitened, dim=dims, keepdim=keepdim).square()
         return self._reduce(u * v / self.scale_squared(p), keepdim)
 
-    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
+    def christoffel(self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None) -> Tensor:
         """``-u ⊙ v / w`` (with ``|w|`` floored, sign kept)."""
         p = self.at(x)
         v = u if v is None else v
         return -u * v * torch.sign(p.x) / self.scale(p)
 
-    def expmap(self, x, u: Tensor, *, steps: int | None = None) -> Tensor:
+    def expmap(self, x: Tensor | AtPoint, u: Tensor, *, steps: int | None = None) -> Tensor:
         """``w ⊙ exp(ξ / w)`` (``|w|`` floored, sign kept)."""
         p = self.at(x)
         w = torch.where(p.x < 0, -self.scale(p), self.scale(p))

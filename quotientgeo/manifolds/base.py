@@ -61,8 +61,8 @@ class AtPoint:
     __slots__ = ("cache", "manifold", "x")
 
     def __init__(self, manifold: QuotientManifold, x: Tensor):
-        self.manifold = manifold
-        self.x = x
+        self.manifold: QuotientManifold = manifold
+        self.x: Tensor = x
         self.cache: dict[str, Any] = {}  # each value is what compute() of its key returned
 
     def cached(self, key: str, compute: Callable[[], T]) -> T:
@@ -104,8 +104,8 @@ class QuotientManifold(Manifold):
 
     def __init__(self, *, exp_steps: int = 10, dense_max: int = 64):
         super().__init__()
-        self.exp_steps = positive_int("exp_steps", exp_steps)
-        self.dense_max = int(dense_max)
+        self.exp_steps: int = positive_int("exp_steps", exp_steps)
+        self.dense_max: int = int(dense_max)
 
     # ------------------------------------------------------------------ primitives
     @abc.abstractmethod
@@ -155,7 +155,7 @@ class QuotientManifold(Manifold):
         raise NotImplementedError(f"{type(self).__name__} defines no push(x, u, g)")
 
     def random_group(
-        self, x, *, generator: torch.Generator | None = None, scale: float = 1.0
+        self, x: Tensor | AtPoint, *, generator: torch.Generator | None = None, scale: float = 1.0
     ) -> Tensor:
         """A random group element ``g = scale · exp(ω)`` for :meth:`act` at ``x``, one per batch
         entry, ``ω`` standard Gaussian in the Lie algebra.
@@ -413,22 +413,34 @@ class QuotientManifold(Manifold):
             raise ValueError(reason)
         return size
 
-    def random(self, *size, dtype=None, device=None, **kwargs) -> Tensor:
+    def random(
+        self,
+        *size: int | tuple[int, ...],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        **kwargs: Any,
+    ) -> Tensor:
         """Standard Gaussian entries (override where that is not an admissible point)."""
         return torch.randn(*self._checked_size(size), dtype=dtype, device=device)
 
-    def origin(self, *size, dtype=None, device=None, seed=42) -> Tensor:
+    def origin(
+        self,
+        *size: int | tuple[int, ...],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        seed: int = 42,
+    ) -> Tensor:
         """All ones (override where that is not an admissible point)."""
         return torch.ones(*self._checked_size(size), dtype=dtype, device=device)
 
     # ------------------------------------------------------------------ not available
-    def dist(self, x, y, *, keepdim=False):
+    def dist(self, x: Tensor, y: Tensor, *, keepdim: bool = False) -> Tensor:
         raise NotImplementedError(
             f"{self.name}: no closed form is known for the quotient distance; "
             "use expmap/expmap2 and norms of tangent vectors instead"
         )
 
-    def logmap(self, x, y):
+    def logmap(self, x: Tensor, y: Tensor) -> Tensor:
         raise NotImplementedError(
             f"{self.name}: no closed form is known for the logarithm map of this quotient"
         )
@@ -470,10 +482,10 @@ class GenericPath(QuotientManifold):
 
     def __init__(self, manifold: QuotientManifold, *, metric_inv: bool = False):
         super().__init__(exp_steps=manifold.exp_steps, dense_max=manifold.dense_max)
-        self.manifold = manifold
-        self.ndim = manifold.ndim
-        self.name = f"generic {manifold.name}"
-        self.own_metric_inv = bool(metric_inv)
+        self.manifold: QuotientManifold = manifold
+        self.ndim: int = manifold.ndim
+        self.name: str = f"generic {manifold.name}"
+        self.own_metric_inv: bool = bool(metric_inv)
 
     def lie_shape(self, p: AtPoint) -> tuple[int, ...]:
         return self.manifold.lie_shape(p)
@@ -498,7 +510,7 @@ class GenericPath(QuotientManifold):
     def push(self, x: Tensor, u: Tensor, g: Tensor) -> Tensor:
         return self.manifold.push(x, u, g)
 
-    def random_group(self, x, **kwargs) -> Tensor:
+    def random_group(self, x: Tensor | AtPoint, **kwargs: Any) -> Tensor:
         return self.manifold.random_group(x.x if isinstance(x, AtPoint) else x, **kwargs)
 
     def _check_shape(self, shape, name):
@@ -510,8 +522,20 @@ class GenericPath(QuotientManifold):
     def _check_point_on_manifold(self, x, *, atol=1e-5, rtol=1e-5):
         return self.manifold._check_point_on_manifold(x, atol=atol, rtol=rtol)
 
-    def random(self, *size, dtype=None, device=None, **kwargs) -> Tensor:
+    def random(
+        self,
+        *size: int | tuple[int, ...],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        **kwargs: Any,
+    ) -> Tensor:
         return self.manifold.random(*size, dtype=dtype, device=device, **kwargs)
 
-    def origin(self, *size, dtype=None, device=None, seed=42) -> Tensor:
+    def origin(
+        self,
+        *size: int | tuple[int, ...],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        seed: int = 42,
+    ) -> Tensor:
         return self.manifold.origin(*size, dtype=dtype, device=device, seed=seed)

@@ -2,6 +2,8 @@ r"""Element-wise GL(1) re-scaling quotient of diagonal networks ``y = xᵀ(u ⊙
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .base import AtPoint, QuotientManifold
@@ -39,7 +41,9 @@ class RescaleQuotient(QuotientManifold):
     name = "RescaleQuotient"
     ndim = 2
 
-    def __new__(cls, metric=None, *args, **kwargs):
+    def __new__(
+        cls, metric: str | float | None = None, *args: Any, **kwargs: Any
+    ) -> RescaleQuotient:
         if cls is RescaleQuotient:
             cls = _metric_class("inv" if metric is None else metric)
         return super().__new__(cls)  # pyright: ignore[reportArgumentType]  # the metric's class
@@ -52,14 +56,14 @@ class RescaleQuotient(QuotientManifold):
     def extra_repr(self) -> str:
         return f"metric={self.metric_name!r}"
 
-    def group_name(self, shape) -> str:
+    def group_name(self, shape: tuple[int, ...]) -> str:
         return f"GL(1)^{shape[-1]}"
 
     def with_metric(self, metric: str | float, *, eps: float | None = None) -> RescaleQuotient:
         """``RescaleQuotient(metric)`` (``eps`` does not apply)."""
         return _metric_class(metric)(exp_steps=self.exp_steps)
 
-    def split(self, x) -> tuple[Tensor, Tensor]:
+    def split(self, x: Tensor | AtPoint) -> tuple[Tensor, Tensor]:
         """``[u; v] ↦ (u, v)``."""
         x = x.x if isinstance(x, AtPoint) else x
         return x[..., 0, :], x[..., 1, :]
@@ -90,16 +94,16 @@ class RescaleQuotient(QuotientManifold):
         """``e / √m(x)`` for the diagonal metric ``M(x) u = u ⊙ m(x)``."""
         return e * self.metric_inv(p, torch.ones_like(p.x)).sqrt()
 
-    def act(self, x, alpha: Tensor) -> Tensor:
+    def act(self, x: Tensor, alpha: Tensor) -> Tensor:
         """``(u, v) ↦ (α u, v / α)`` for ``α`` of shape ``(..., d)``."""
         return x * torch.stack((alpha, alpha.reciprocal()), dim=-2)
 
-    def push(self, x, u: Tensor, alpha: Tensor) -> Tensor:
+    def push(self, x: Tensor, u: Tensor, alpha: Tensor) -> Tensor:
         """Differential of the action: ``(ξ_u, ξ_v) ↦ (α ξ_u, ξ_v / α)``."""
         return self.act(u, alpha)
 
     # ------------------------------------------------------------------ closed forms
-    def proju(self, x, u: Tensor) -> Tensor:
+    def proju(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         """``(u b, v b)`` with ``b = ½ (ξ_u / u + ξ_v / v)``."""
         p = self.at(x)
         self._check_vector(p, u)
@@ -143,13 +147,13 @@ class RescaleInvQuotient(RescaleQuotient):
         """``v ⊙ x²``."""
         return v * p.x.square()
 
-    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
+    def christoffel(self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None) -> Tensor:
         """``-u ⊙ v / x``."""
         p = self.at(x)
         self._check_vector(p, u)
         return -u * (u if v is None else v) / p.x
 
-    def expmap(self, x, u: Tensor, *, steps: int | None = None) -> Tensor:
+    def expmap(self, x: Tensor | AtPoint, u: Tensor, *, steps: int | None = None) -> Tensor:
         """Exact geodesic ``x ⊙ exp(ξ / x)`` (``steps`` unused)."""
         p = self.at(x)
         self._check_vector(p, u)
@@ -180,7 +184,7 @@ class RescaleMixQuotient(RescaleQuotient):
         """``(v_u / v², v_v / u²)``."""
         return v / p.x.flip(-2).square()
 
-    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
+    def christoffel(self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None) -> Tensor:
         """``(u_u v_v + v_u u_v) / x̃ - (u ⊙ v)~ ⊙ x / x̃²`` (``~``: swap the rows)."""
         p = self.at(x)
         self._check_vector(p, u)
@@ -189,7 +193,7 @@ class RescaleMixQuotient(RescaleQuotient):
         cross = (u * v.flip(-2)).sum(dim=-2, keepdim=True)
         return cross / X_swap - (u * v).flip(-2) * p.x / X_swap.square()
 
-    def expmap(self, x, u: Tensor, *, steps: int | None = None) -> Tensor:
+    def expmap(self, x: Tensor | AtPoint, u: Tensor, *, steps: int | None = None) -> Tensor:
         """Exact geodesic at ``t = 1`` (class docstring; ``steps`` unused)."""
         p = self.at(x)
         self._check_vector(p, u)

@@ -25,13 +25,14 @@ The three variants share every line but the geometry:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..geometry import ParameterGeometry, find_symmetries
 from ..linalg import tensor_sum
-from ..manifolds import AdaptiveGeometry, EuclideanGeometry
+from ..manifolds import AdaptiveGeometry, EuclideanGeometry, QuotientManifold
 from ..perturbation import MOVES, PerturbationSpace
 from ..sharpness import PERTURBATIONS, checked_metric
 from ..validation import positive_real
@@ -87,8 +88,8 @@ class GeodesicSAM(torch.optim.Optimizer):
         perturbation: str = "second_order",
         symmetries: str | ParameterGeometry = "auto",
         eps: float | None = None,
-        **kwargs,
-    ):
+        **kwargs: Any,
+    ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         rho = positive_real("rho", rho)
@@ -101,20 +102,20 @@ class GeodesicSAM(torch.optim.Optimizer):
             raise TypeError("base_optimizer must be an optimizer class, e.g. torch.optim.AdamW")
         self.model = model
         self.variant = variant
-        self.geometry = self._geometry(model, variant, symmetries)
+        self.geometry: ParameterGeometry = self._geometry(model, variant, symmetries)
         if not self.geometry.params:
             raise ValueError("the model has no trainable parameters (requires_grad=True)")
         if variant == "geodesic":
-            self.manifolds = self.geometry.manifolds(metric, eps=eps)
-            self.rest = self.geometry.rest_manifold()
+            self.manifolds: list[QuotientManifold] = self.geometry.manifolds(metric, eps=eps)
+            self.rest: QuotientManifold = self.geometry.rest_manifold()
         else:
             self.manifolds = []
             self.rest = EuclideanGeometry() if variant == "sam" else AdaptiveGeometry()
-        self.move = MOVES[perturbation]
+        self.move: str = MOVES[perturbation]
         params = list(self.geometry.params.values())
         super().__init__(params, dict(rho=rho, **kwargs))
-        self.base_optimizer = base_optimizer(self.param_groups, **kwargs)
-        self.param_groups = self.base_optimizer.param_groups
+        self.base_optimizer: torch.optim.Optimizer = base_optimizer(self.param_groups, **kwargs)
+        self.param_groups: list[dict[str, Any]] = self.base_optimizer.param_groups
         self.defaults.update(self.base_optimizer.defaults)
         self._origin: list[Tensor] | tuple[Tensor, ...] | None = None
 

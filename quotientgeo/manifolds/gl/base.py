@@ -2,6 +2,8 @@ r"""GL(h) two-factor quotient: pairs ``(G, H)`` that enter a network only throug
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ...linalg import cholesky, cholesky_inverse, gram, mT
@@ -70,7 +72,9 @@ class GLQuotient(QuotientManifold):
     name = "GLQuotient"
     ndim = 2
 
-    def __new__(cls, n=None, metric=None, *args, **kwargs):
+    def __new__(
+        cls, n: int | None = None, metric: str | float | None = None, *args: Any, **kwargs: Any
+    ) -> GLQuotient:
         if cls is GLQuotient:
             cls = _metric_class("inv" if metric is None else metric)
         return super().__new__(cls)  # pyright: ignore[reportArgumentType]  # the metric's class
@@ -105,11 +109,11 @@ class GLQuotient(QuotientManifold):
             dense_max=self.dense_max,
         )
 
-    def group_name(self, shape) -> str:
+    def group_name(self, shape: tuple[int, ...]) -> str:
         return f"GL({shape[-1]})"
 
     # ------------------------------------------------------------------ layout
-    def split(self, x) -> tuple[Tensor, Tensor]:
+    def split(self, x: Tensor | AtPoint) -> tuple[Tensor, Tensor]:
         """``x = [G; H] ↦ (G, H)`` (``x`` a tensor or an :class:`AtPoint`)."""
         x = x.x if isinstance(x, AtPoint) else x
         return x[..., : self.n, :], x[..., self.n :, :]
@@ -201,17 +205,17 @@ class GLQuotient(QuotientManifold):
             solve(LG, eG, upper=False, left=False), solve(LH, eH, upper=False, left=False)
         )
 
-    def act(self, x, A: Tensor) -> Tensor:
+    def act(self, x: Tensor, A: Tensor) -> Tensor:
         """``(G, H) ↦ (G A⁻¹, H Aᵀ)`` for ``A`` of shape ``(..., h, h)``."""
         G, H = self.split(x)
         return self.join(torch.linalg.solve(A, G, left=False), H @ mT(A))
 
-    def push(self, x, u: Tensor, A: Tensor) -> Tensor:
+    def push(self, x: Tensor, u: Tensor, A: Tensor) -> Tensor:
         """Differential of the action: ``(ξ_G, ξ_H) ↦ (ξ_G A⁻¹, ξ_H Aᵀ)``."""
         return self.act(u, A)
 
     def random_group(
-        self, x, *, generator: torch.Generator | None = None, scale: float = 1.0
+        self, x: Tensor | AtPoint, *, generator: torch.Generator | None = None, scale: float = 1.0
     ) -> Tensor:
         """``A = scale · N``, ``N`` with standard Gaussian entries (invertible with probability
         one, both components of GL(h)), one per batch entry of ``x``."""
@@ -221,7 +225,9 @@ class GLQuotient(QuotientManifold):
         return A.mul_(scale)
 
     # ------------------------------------------------------------------ closed forms
-    def inner(self, x, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False) -> Tensor:
+    def inner(
+        self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False
+    ) -> Tensor:
         """``tr(W_G u_Gᵀ v_G) + tr(W_H u_Hᵀ v_H)``.
 
         Evaluated as ``Σ W ⊙ uᵀv`` per factor: one pass over ``u`` and ``v`` and nothing of their
@@ -312,12 +318,24 @@ class GLQuotient(QuotientManifold):
                 )
         return True, "worst condition numbers: " + ", ".join(f"{n} {c:.3e}" for n, c, _ in worst)
 
-    def random(self, *size, dtype=None, device=None, **kwargs) -> Tensor:
+    def random(
+        self,
+        *size: int | tuple[int, ...],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        **kwargs: Any,
+    ) -> Tensor:
         """Gaussian factors (full rank with probability one), entries ``N(0, 1/h)``."""
         size = self._checked_size(size)
         return torch.randn(*size, dtype=dtype, device=device) / size[-1] ** 0.5
 
-    def origin(self, *size, dtype=None, device=None, seed=42) -> Tensor:
+    def origin(
+        self,
+        *size: int | tuple[int, ...],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        seed: int = 42,
+    ) -> Tensor:
         """``[I_{n×h}; I_{m×h}]`` broadcast to ``size``."""
         size = self._checked_size(size)
         rows, h = size[-2], size[-1]

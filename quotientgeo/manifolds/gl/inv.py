@@ -44,7 +44,7 @@ class GLInvQuotient(GLQuotient):
         LP, LQ = self.cholesky_factors(p)
         return self._blockwise(e, mT(LP), mT(LQ))
 
-    def proju(self, x, u: Tensor) -> Tensor:
+    def proju(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         """``(ξ_G + G Λ, ξ_H - H Λᵀ)``, ``Λ`` from the Sylvester equation (class docstring)."""
         p = self.at(x)
         self._check_vector(p, u)
@@ -57,7 +57,7 @@ class GLInvQuotient(GLQuotient):
         Lam = mT(solve_sylvester(basis, B))
         return self._blockwise(p.x, Lam, -mT(Lam), add=u)
 
-    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
+    def christoffel(self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None) -> Tensor:
         """Symmetric bilinear ``Γ(u, v)``: per factor ``F C_F + u C_u + v C_v`` (:func:`_gamma`)."""
 
         def coefficients(G, H, P_inv, Q_inv, uG, uH, vG, vH):

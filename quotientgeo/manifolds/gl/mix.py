@@ -54,7 +54,7 @@ class GLMixQuotient(GLQuotient):
         P_inv, Q_inv = self.inverses(p)
         return 0.5 * P_inv @ r @ Q_inv
 
-    def proju(self, x, u: Tensor) -> Tensor:
+    def proju(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         """``(ξ_G + G Λ, ξ_H - H Λᵀ)``, ``Λ = ½ (ξ_Hᵀ H Q⁻¹ - P⁻¹ Gᵀ ξ_G)``."""
         p = self.at(x)
         self._check_vector(p, u)
@@ -64,7 +64,7 @@ class GLMixQuotient(GLQuotient):
         Lam = 0.5 * ((mT(uH) @ H) @ Q_inv - P_inv @ (mT(G) @ uG))
         return self._blockwise(p.x, Lam, -mT(Lam), add=u)
 
-    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
+    def christoffel(self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None) -> Tensor:
         """Symmetric bilinear ``Γ(u, v)``: per factor ``F C_F + u C_u + v C_v`` (:func:`_gamma`)."""
 
         def coefficients(G, H, P_inv, Q_inv, uG, uH, vG, vH):
