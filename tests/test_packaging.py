@@ -71,14 +71,15 @@ def test_running_torch_is_supported():
     )
 
 
-def test_readme_states_the_supported_versions():
-    """The README says what the metadata says."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_docs_state_the_supported_versions(page):
+    """The README and the site's home page say what the metadata says."""
+    text = (ROOT / page).read_text(encoding="utf-8")
     pythons = classifier_pythons()
-    assert f"Python {pythons[0]} to {pythons[-1]}" in readme
+    assert f"Python {pythons[0]} to {pythons[-1]}" in text
     floor = re.search(r">=\s*([\d.]+)", str(torch_requirement().specifier))
     assert floor is not None
-    assert f"PyTorch {floor.group(1)} or newer" in readme
+    assert f"PyTorch {floor.group(1)} or newer" in text
 
 
 def test_project_urls():
