@@ -61,7 +61,7 @@ def calibrate_rho(
     rtol: float = 0.05,
     max_evals: int = 24,
     progress: bool = True,
-    **measure_kwargs,
+    **measure_kwargs: Any,
 ) -> Calibration:
     """The ``ρ`` at which ``measure`` of ``model`` reaches ``target`` (a loss increase).
 

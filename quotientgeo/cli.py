@@ -17,14 +17,20 @@ GROUPS = {
 }
 
 
+def _first_line(doc: str | None) -> str | None:
+    """The first line of a docstring, None where there is none."""
+    lines = (doc or "").strip().splitlines()
+    return lines[0] if lines else None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="quotientgeo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="quotientgeo", description=_first_line(__doc__))
     groups = parser.add_subparsers(dest="group", required=True)
     for group, (module_name, help_text) in GROUPS.items():
         commands = getattr(importlib.import_module(module_name), "COMMANDS", {})
         sub = groups.add_parser(group, help=help_text).add_subparsers(dest="name", required=True)
         for name, (add_arguments, run) in commands.items():
-            command = sub.add_parser(name, help=(run.__doc__ or "").strip().splitlines()[0])
+            command = sub.add_parser(name, help=_first_line(run.__doc__))
             add_arguments(command)
             command.set_defaults(run=run)
     return parser

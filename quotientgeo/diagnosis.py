@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from .geometry import HeadLocation, ParameterGeometry
-from .linalg import gram
+from .linalg import LinAlgError, gram
 from .manifolds import GLQuotient, QuotientManifold
 
 Tensor = torch.Tensor
@@ -46,7 +46,7 @@ def _from_geometry(err: BaseException) -> bool:
     causes, or a ``ValueError`` raised in the manifolds or :mod:`quotientgeo.linalg`?"""
     seen, e = set(), err
     while e is not None and id(e) not in seen:
-        if isinstance(e, torch.linalg.LinAlgError):
+        if isinstance(e, LinAlgError):
             return True
         seen.add(id(e))
         e = e.__cause__ or e.__context__

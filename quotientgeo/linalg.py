@@ -6,13 +6,23 @@ dimensions, like :mod:`torch.linalg`. Nothing here leaves the input's device or 
 
 from __future__ import annotations
 
+import functools
+import operator
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import torch
 
 Tensor = torch.Tensor
+# public (documented as torch.linalg.LinAlgError) but missing from the module's __all__
+LinAlgError = torch.linalg.LinAlgError  # pyright: ignore[reportPrivateImportUsage]
+
+
+def tensor_sum(terms: Iterable[Tensor]) -> Tensor:
+    """``t₁ + t₂ + …`` of at least one tensor, added left to right like the built-in ``sum``
+    (whose start value ``0`` makes its result ``int | Tensor`` to a type checker)."""
+    return functools.reduce(operator.add, terms)
 
 
 def mT(a: Tensor) -> Tensor:
@@ -37,7 +47,7 @@ def cholesky(spd: Tensor, what: str = "matrix") -> Tensor:
     """Lower Cholesky factor, re-raising a failure as a ``ValueError`` that names ``what``."""
     try:
         return torch.linalg.cholesky(spd)
-    except torch.linalg.LinAlgError as err:
+    except LinAlgError as err:
         raise ValueError(
             f"{what} is not positive definite: a factor is rank deficient (or nearly so). "
             "Use full-column-rank factors, or relax the geometry with eps > 0 "
@@ -74,7 +84,7 @@ def sylvester_basis(P: Tensor, Q: Tensor, L: Tensor | None = None) -> SylvesterB
         L = cholesky(P, "GᵀG")
     try:
         d, U = torch.linalg.eigh(mT(L) @ Q @ L)
-    except torch.linalg.LinAlgError as err:
+    except LinAlgError as err:
         raise ValueError(
             "the eigendecomposition of Lᵀ Q L failed: the factors are not finite or far too "
             "ill-conditioned (a diverging optimiser?)"

@@ -55,6 +55,7 @@ from tqdm.auto import tqdm
 
 from .diagnosis import Diagnosis
 from .geometry import HALF, ParameterGeometry, find_symmetries
+from .linalg import tensor_sum
 from .manifolds import AdaptiveGeometry
 from .perturbation import MOVES, PerturbationSpace
 from .ranks import Ranks
@@ -180,7 +181,7 @@ def _model_state_preserved(model: nn.Module):
             for p, g, saved in grads:
                 if p.grad is not g:
                     p.grad = g
-                if g is not None:
+                if g is not None and saved is not None:  # both or neither
                     g.copy_(saved)
 
 
@@ -199,6 +200,8 @@ class _LossOf(nn.Module):
 # ---------------------------------------------------------------------- the problem
 class _Problem:
     """Loss of a batch as a function of the perturbation ``ξ`` (a list, one tensor per block)."""
+
+    batch: object  # the current batch, set by the caller before evaluate
 
     def __init__(
         self, model, loss_fn, geometry: ParameterGeometry, metric, perturbation, norm, eps, ranks
@@ -230,7 +233,7 @@ class _Problem:
         return [b.zeros() for b in self.blocks]
 
     def sqnorm(self, cs: list[Tensor]) -> Tensor:
-        return sum(b.sqnorm(c) for b, c in zip(self.blocks, cs, strict=True))
+        return tensor_sum(b.sqnorm(c) for b, c in zip(self.blocks, cs, strict=True))
 
     def random_direction(self, gen: torch.Generator, rho: float) -> list[Tensor]:
         """Horizontal direction of norm ``rho``, isotropic in the metric at the base point."""
@@ -424,9 +427,10 @@ def _apgd(problem: _Problem, start: list[Tensor], rho: float, n_iter: int, resta
             else:
                 best = torch.where(improved, loss, best)
                 best_c = [torch.where(improved, u, v) for u, v in zip(c, best_c, strict=True)]
-                if not last:
+                if not last:  # grads is a list whenever not last (evaluate(grad=not last))
                     best_g = [
-                        torch.where(improved, u, v) for u, v in zip(grads, best_g, strict=True)
+                        torch.where(improved, u, v)
+                        for u, v in zip(grads, best_g, strict=True)  # pyright: ignore[reportArgumentType]
                     ]
         if last:
             break
@@ -542,7 +546,15 @@ def _batch_seed(seed: int, index: int) -> int:
     return (seed * 1_000_003 + index) % 2**63
 
 
-def _over_batches(model, problem_args, batches, distributed: str, seed: int, bar, one_batch):
+def _over_batches(
+    model,
+    problem_args: tuple[Any, ParameterGeometry, Any, Any, Any, Any],
+    batches,
+    distributed: str,
+    seed: int,
+    bar,
+    one_batch,
+):
     """``one_batch(problem, generator, bar)`` for every batch, the model preserved; returns the
     records of all ranks in rank order (``distributed="batches"``) and the :class:`Ranks`.
     Failures on any rank raise on all of them. ``bar`` is ``(progress, steps per batch,
@@ -663,7 +675,7 @@ def geodesic_sharpness(
                 base = float(losses[0])
                 worst, worst_c = base, None
             best = float(best)
-            if best > worst:
+            if worst is None or best > worst:  # worst is set at r == 0
                 worst, worst_c = best, best_c
             trace.append(torch.cummax(losses, 0).values.tolist())
         norm_c = 0.0 if worst_c is None else float(problem.sqnorm(worst_c).sqrt())

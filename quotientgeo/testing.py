@@ -32,7 +32,16 @@ class TinyTransformerClassifier(nn.Module):
     width ``dim_feedforward``, default ``2d``), mean pooling over the sequence and a linear
     head: inputs ``(batch, seq, d)``, logits ``(batch, classes)``."""
 
-    def __init__(self, d=32, heads=4, layers=2, classes=3, *, dim_feedforward=None, dropout=0.0):
+    def __init__(
+        self,
+        d: int = 32,
+        heads: int = 4,
+        layers: int = 2,
+        classes: int = 3,
+        *,
+        dim_feedforward: int | None = None,
+        dropout: float = 0.0,
+    ) -> None:
         super().__init__()
         layer = nn.TransformerEncoderLayer(
             d, heads, dim_feedforward or 2 * d, dropout=dropout, batch_first=True
@@ -44,14 +53,21 @@ class TinyTransformerClassifier(nn.Module):
         return self.head(self.encoder(x).mean(dim=1))
 
 
-def cross_entropy(model: nn.Module, batch) -> Tensor:
+def cross_entropy(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
     """``loss_fn(model, (x, y))`` of a classifier: mean cross-entropy."""
     x, y = batch
     return F.cross_entropy(model(x), y)
 
 
 def random_batches(
-    n: int, *, batch=16, seq=8, d=32, classes=3, seed=0, dtype=torch.float64
+    n: int,
+    *,
+    batch: int = 16,
+    seq: int = 8,
+    d: int = 32,
+    classes: int = 3,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
 ) -> list[tuple[Tensor, Tensor]]:
     """``n`` batches of Gaussian inputs ``(batch, seq, d)`` and uniform labels."""
     gen = torch.Generator().manual_seed(seed)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any
 
 import numpy as np
 import torch
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     inv, mix = GLQuotient(args.n, "inv"), GLQuotient(args.n, "mix")
     rotary = RotaryGLQuotient(args.n, "mix", rotary_dims=args.rotary_dims)
     x_np, u_np = x.numpy(), u.numpy()
-    result: dict[str, object] = {
+    result: dict[str, Any] = {
         "heads": args.heads,
         "n": args.n,
         "m": args.n,

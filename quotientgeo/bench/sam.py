@@ -40,6 +40,8 @@ def make_optimizer(method: str, model, rho: float | None, **adamw) -> torch.opti
         return torch.optim.AdamW(model.parameters(), **adamw)
     from ..optim import GeodesicSAM
 
+    if rho is None:
+        raise ValueError(f"method {method!r} is a SAM variant and needs a radius rho")
     return GeodesicSAM(model, torch.optim.AdamW, rho=rho, **METHODS[method], **adamw)
 
 

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
+from typing import TypeVar
 
 import torch
 from tqdm.auto import tqdm
+
+K = TypeVar("K", bound=Hashable)  # a contender's name: a string, or a tuple of strings
 
 __all__ = ["interleaved", "median_ratio", "medians"]
 
@@ -27,14 +30,14 @@ def _sync(device: torch.device | None) -> None:
 
 
 def interleaved(
-    contenders: dict[str, Callable[[], object]],
+    contenders: Mapping[K, Callable[[], object]],
     *,
     rounds: int,
     warmup: int = 1,
     device: torch.device | None = None,
-    settle: dict[str, float] | None = None,
+    settle: Mapping[K, float] | None = None,
     progress: bool = False,
-) -> dict[str, list[float]]:
+) -> dict[K, list[float]]:
     """Wall seconds of every contender in each of ``rounds`` timed rounds (after ``warmup``).
 
     ``settle[name]`` seconds of untimed sleep follow each call of ``name`` (for libraries whose
@@ -44,7 +47,7 @@ def interleaved(
         raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
     settle = settle or {}
     names = list(contenders)
-    samples: dict[str, list[float]] = {name: [] for name in names}
+    samples: dict[K, list[float]] = {name: [] for name in names}
     for r in tqdm(range(warmup + rounds), desc="rounds", disable=not progress, leave=False):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
@@ -58,7 +61,7 @@ def interleaved(
     return samples
 
 
-def medians(samples: dict[str, list[float]]) -> dict[str, float]:
+def medians(samples: Mapping[K, list[float]]) -> dict[K, float]:
     """Median seconds of every contender."""
     return {name: statistics.median(times) for name, times in samples.items()}
 

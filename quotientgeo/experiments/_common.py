@@ -12,9 +12,10 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
+from torch.multiprocessing.spawn import spawn as spawn_processes
 
 __all__ = [
     "Population",
@@ -76,9 +77,9 @@ def finite_pairs(x: Sequence[float], y: Sequence[float]):
     """``x`` and ``y`` as float arrays without the pairs where either is not finite."""
     import numpy as np
 
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    keep = np.isfinite(x) & np.isfinite(y)
-    return x[keep], y[keep]
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    keep = np.isfinite(a) & np.isfinite(b)
+    return a[keep], b[keep]
 
 
 def kendall(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
@@ -86,8 +87,9 @@ def kendall(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     over the pairs where both are finite."""
     from scipy.stats import kendalltau
 
-    res = kendalltau(*finite_pairs(x, y))
-    return float(res.statistic), float(res.pvalue)
+    # scipy's result is a (statistic, p-value) pair of floats that its annotations do not type
+    statistic, pvalue = cast("tuple[float, float]", kendalltau(*finite_pairs(x, y)))
+    return float(statistic), float(pvalue)
 
 
 def kendall_interval(
@@ -108,7 +110,7 @@ def kendall_interval(
         warnings.simplefilter("ignore", DegenerateDataWarning)
         res = bootstrap(
             finite_pairs(x, y),
-            lambda a, b: kendalltau(a, b).statistic,
+            lambda a, b: kendalltau(a, b)[0],  # the statistic
             paired=True,
             vectorized=False,
             n_resamples=resamples,
@@ -242,7 +244,7 @@ def spawn(run: Callable[[argparse.Namespace], int], args: argparse.Namespace, wo
     with socket.socket() as sock:  # a free port on the loopback interface
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    torch.multiprocessing.spawn(_worker, args=(run, args, workers, port), nprocs=workers)
+    spawn_processes(_worker, args=(run, args, workers, port), nprocs=workers)
     return 0
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 Tensor = torch.Tensor
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
 def digits() -> tuple[Tensor, Tensor]:
@@ -102,7 +104,7 @@ def error(model: nn.Module, x: Tensor, y: Tensor) -> float:
 
 
 def fit(
-    model: nn.Module,
+    model: ModuleT,
     x: Tensor,
     y: Tensor,
     *,
@@ -113,7 +115,7 @@ def fit(
     seed: int,
     label_smoothing: float = 0.0,
     augment: str = "none",
-) -> nn.Module:
+) -> ModuleT:
     """AdamW with cosine decay to 0 on shuffled mini-batches of ``(x, y)``, float32; inputs
     pass through ``AUGMENTATIONS[augment]``; returns ``model`` in eval mode."""
     transform = AUGMENTATIONS[augment]

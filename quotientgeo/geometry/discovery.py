@@ -23,7 +23,9 @@ import dataclasses
 import re
 import warnings
 from dataclasses import dataclass
+from typing import Protocol
 
+import torch
 from torch import nn
 
 from ..manifolds import GLQuotient, RotaryGLQuotient, ScaleQuotient
@@ -103,11 +105,18 @@ def _linear(module, name: str) -> nn.Linear | None:
     return m if isinstance(m, nn.Linear) else None
 
 
-def _conv1d(module, name: str) -> nn.Module | None:
+class _Conv1D(Protocol):
+    """What discovery reads of a Hugging Face ``Conv1D`` (not imported: an optional package)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+
+def _conv1d(module, name: str) -> _Conv1D | None:
     """A Hugging Face ``Conv1D`` (``y = x W + b``, ``W`` of shape ``(in, out)``)."""
     m = getattr(module, name, None)
     ok = type(m).__name__ == "Conv1D" and getattr(m, "weight", None) is not None
-    return m if ok and m.weight.dim() == 2 else None
+    return m if ok and m is not None and m.weight.dim() == 2 else None
 
 
 def _int(holder, *names) -> int | None:
@@ -150,7 +159,7 @@ def _rotary(model: nn.Module, config) -> Rotary | None:
                 break
     if found is None:
         return None
-    return Rotary(found, ROTARY_PAIRING.get(getattr(config, "model_type", None)))
+    return Rotary(found, ROTARY_PAIRING.get(getattr(config, "model_type", None) or ""))
 
 
 class _Finder:
@@ -235,10 +244,10 @@ class _Finder:
                     "the adaptive geometry"
                 )
                 return
-            dims = self.rotary_dims(att, module)
+            dims, pairing = self.rotary_dims(att, module), rotary.pairing
 
             def subgroup(n):
-                return RotaryGLQuotient(n, "mix", rotary_dims=dims, pairing=rotary.pairing)
+                return RotaryGLQuotient(n, "mix", rotary_dims=dims, pairing=pairing)
 
             self.declare(f"{label}.QK", subgroup, _grouped(att, att.q), att.k, heads=att.kv_heads)
         else:
@@ -353,26 +362,28 @@ class _Finder:
         if m.bias_v is not None:
             v.append(Source(j("bias_v"), view=(E, 1)))
         o = (Source(j("out_proj.weight"), axis=1),)
-        return Attention(prefix or type(m).__name__, heads, heads, *map(tuple, (q, k, v)), o)
+        return Attention(prefix or type(m).__name__, heads, heads, tuple(q), tuple(k), tuple(v), o)
 
     def separate(self, names: tuple[str, str, str]):
         """``query/key/value`` (BERT, ViT), ``q_proj/k_proj/v_proj`` (Llama, BART, OPT, CLIP,
         GPT-J), ``q_lin/k_lin/v_lin`` (DistilBERT), ``q/k/v`` (T5)."""
 
         def read(prefix: str, m) -> Attention | None:
-            lins = [_linear(m, n) for n in names]
-            if any(lin is None for lin in lins):
+            lins = [lin for lin in (_linear(m, n) for n in names) if lin is not None]
+            if len(lins) < len(names):
                 return None
             label = prefix or type(m).__name__
             heads, kv = self.heads_of(m, label)
-            sources = [
+            q, k, v = (
                 tuple(_linear_sources(prefix, n, lin)) for n, lin in zip(names, lins, strict=True)
-            ]
+            )
             return Attention(
                 label,
                 heads,
                 kv,
-                *sources,
+                q,
+                k,
+                v,
                 self.output(prefix, m, lins[2].out_features * heads // kv),
                 q_norm=_norm(m, "q_norm", "q_layernorm", "query_norm"),
                 k_norm=_norm(m, "k_norm", "k_layernorm", "key_norm"),

@@ -148,10 +148,12 @@ class Layout:
     def __init__(self, model: nn.Module):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        self.all = dict(model.named_parameters(remove_duplicate=False))
+        self.all: dict[str, nn.Parameter] = dict(model.named_parameters(remove_duplicate=False))
         canonical = {id(p): name for name, p in model.named_parameters()}
-        self.canonical = {name: canonical[id(p)] for name, p in self.all.items()}
-        self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        self.canonical: dict[str, str] = {name: canonical[id(p)] for name, p in self.all.items()}
+        self.params: dict[str, nn.Parameter] = {
+            name: p for name, p in model.named_parameters() if p.requires_grad
+        }
         self.coverage: dict[str, Tensor] = {}
         self.views: dict[str, View] = {}
 
@@ -166,15 +168,17 @@ class Layout:
                 "only trainable parameters can form symmetry blocks"
             )
         p = self.params[name]
+        view: tuple[int, int]
         if src.view is not None:
-            view = tuple(int(s) for s in src.view)
-            if math.prod(view) != p.numel() or len(view) != 2:
+            sizes = tuple(int(s) for s in src.view)
+            if math.prod(sizes) != p.numel() or len(sizes) != 2:
                 raise ValueError(
                     f"{label}: view {src.view} does not fit parameter {name!r} of shape "
                     f"{tuple(p.shape)}"
                 )
+            view = (sizes[0], sizes[1])
         elif p.dim() in (1, 2):
-            view = (p.shape[0], 1) if p.dim() == 1 else tuple(p.shape)
+            view = (p.shape[0], 1) if p.dim() == 1 else (p.shape[0], p.shape[1])
         else:
             raise ValueError(
                 f"{label}: parameter {name!r} has shape {tuple(p.shape)}; "

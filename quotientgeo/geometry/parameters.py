@@ -21,6 +21,7 @@ the model. Scattering the gathered points reproduces every parameter exactly.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import torch
 from torch import nn
@@ -37,9 +38,11 @@ Tensor = torch.Tensor
 __all__ = ["HALF", "ParameterGeometry", "as_sources"]
 
 HALF = (torch.float16, torch.bfloat16)
+Factor: TypeAlias = str | Source | Sequence[str | Source]
+"""A factor of a block: a parameter name, a :class:`Source`, or a list of them stacked as rows."""
 
 
-def as_sources(spec) -> tuple[Source, ...]:
+def as_sources(spec: Factor) -> tuple[Source, ...]:
     """A factor given as a parameter name, a :class:`Source` or a list of them."""
     if isinstance(spec, (str, Source)):
         spec = [spec]
@@ -67,7 +70,7 @@ class ParameterGeometry:
 
     def __init__(self, model: nn.Module):
         self.model = model
-        self.layout = Layout(model)
+        self.layout: Layout = Layout(model)
         self.blocks: list[Block] = []
         self.products: list[Product] = []  # groups of overlapping blocks, each one kind
         self._plan: Plan | None = None  # built on first use after the last declaration
@@ -76,7 +79,7 @@ class ParameterGeometry:
     def add(
         self,
         manifold: QuotientManifold,
-        *factors,
+        *factors: Factor,
         heads: int = 1,
         label: str | None = None,
         product: bool = False,
@@ -160,7 +163,9 @@ class ParameterGeometry:
         check_product(joined, len(parts) - 1, [position[b] for b in touched], self.params, label)
         return joined
 
-    def add_gl_pair(self, g, h, *, heads: int = 1, label: str | None = None) -> ParameterGeometry:
+    def add_gl_pair(
+        self, g: Factor, h: Factor, *, heads: int = 1, label: str | None = None
+    ) -> ParameterGeometry:
         """Declare GL pairs ``(G, H)``, one per head, that enter the network through ``G Hᵀ``.
 
         ``add(GLQuotient(n), g, h, heads=heads)`` with ``n`` the rows of ``G``: a plain name
@@ -172,7 +177,7 @@ class ParameterGeometry:
         n = self.rows(g, heads=heads, label=label)
         return self.add(GLQuotient(n, "mix"), g, h, heads=heads, label=label)
 
-    def rows(self, factor, *, heads: int = 1, label: str = "factor") -> int:
+    def rows(self, factor: Factor, *, heads: int = 1, label: str = "factor") -> int:
         """Rows ``k_f`` of one head's part of ``factor`` (a name, Source or list of them):
         ``n`` of a pair quotient whose ``G`` is this factor."""
         try:
@@ -181,7 +186,9 @@ class ParameterGeometry:
             raise ValueError(f"{label}: {err}") from None
         return sum(self.layout.resolve(s, heads, label).k for s in as_sources(factor))
 
-    def add_rescale_pair(self, u, v, *, label: str | None = None) -> ParameterGeometry:
+    def add_rescale_pair(
+        self, u: Factor, v: Factor, *, label: str | None = None
+    ) -> ParameterGeometry:
         """Declare an element-wise re-scaling pair ``(u, v) ~ (α u, v / α)`` (``β = u ⊙ v``).
 
         ``add(RescaleQuotient(), u, v)``: ``u`` and ``v`` are 1-D regions (a vector, or a
@@ -272,7 +279,7 @@ class ParameterGeometry:
     def locate(self, kind: int, index: int, rows: tuple[int, int] | None = None) -> HeadLocation:
         """Block label, head, layer and parameter names of entry ``index`` of the points of
         kind ``kind`` (``gather()[0][kind][index]``); ``rows`` restricts the parameters to
-        those holding rows ``(start, stop)`` of that point. See :meth:`Plan.locate`."""
+        those holding rows ``(start, stop)`` of that point."""
         return self.plan.locate(kind, index, rows)
 
     def rest_manifold(self) -> AdaptiveGeometry:
@@ -307,7 +314,9 @@ class ParameterGeometry:
     def assign_(self, points: Sequence[Tensor], w: Tensor | None = None) -> None:
         """Write scattered ``points`` (and ``w``) into the model's parameters, in place."""
         values = self.scatter(points, w)
-        torch._foreach_copy_([self.params[name] for name in values], list(values.values()))
+        targets: list[Tensor] = [self.params[name] for name in values]
+        # one fused copy (torch's _foreach ops have no public names)
+        torch._foreach_copy_(targets, list(values.values()))  # pyright: ignore[reportPrivateImportUsage]
 
     # ------------------------------------------------------------------ display
     def summary(self) -> str:

@@ -12,7 +12,7 @@ whose vertical spaces intersect.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -95,7 +95,7 @@ def span_values(span: Span, value: Tensor, mask: Tensor | None) -> Tensor:
     return matrix.reshape(-1) if mask is None else matrix[mask]
 
 
-def union_point(product: Product, params: dict[str, Tensor], dtype: torch.dtype) -> Tensor:
+def union_point(product: Product, params: Mapping[str, Tensor], dtype: torch.dtype) -> Tensor:
     """The product's point ``(1, D)`` read from ``params`` in ``dtype`` (a new tensor)."""
     values = []
     for span in product.spans:
@@ -106,7 +106,11 @@ def union_point(product: Product, params: dict[str, Tensor], dtype: torch.dtype)
 
 
 def check_product(
-    product: Product, new: int, overlapped: Sequence[int], params: dict[str, Tensor], label: str
+    product: Product,
+    new: int,
+    overlapped: Sequence[int],
+    params: Mapping[str, Tensor],
+    label: str,
 ) -> None:
     """Refuse (``ValueError`` starting with ``label``) a product that is not a quotient by the
     product group at the current parameters.

@@ -6,7 +6,7 @@ blocks cover parameters partially) and never writes to the model.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -38,7 +38,9 @@ def _segment_mask(plan: Plan, seg: Segment, device: torch.device) -> Tensor | No
     return mask
 
 
-def gather(plan: Plan, params: dict[str, Tensor], dtype: torch.dtype, device) -> tuple:
+def gather(
+    plan: Plan, params: Mapping[str, Tensor], dtype: torch.dtype, device: torch.device
+) -> tuple[list[Tensor], Tensor]:
     """``(points, w)``: one ``(batch, *shape)`` tensor per kind and the flat adaptive vector."""
 
     def get(name: str) -> Tensor:
@@ -76,7 +78,7 @@ def _split_regions(y: Tensor, block) -> list[Tensor]:
 
 
 def scatter(
-    plan: Plan, params: dict[str, Tensor], points: Sequence[Tensor], w: Tensor | None
+    plan: Plan, params: Mapping[str, Tensor], points: Sequence[Tensor], w: Tensor | None
 ) -> dict[str, Tensor]:
     """Parameters ``name -> tensor`` from ``points`` and ``w``: the inverse of :func:`gather`."""
     if len(points) != len(plan.kinds):
@@ -89,7 +91,7 @@ def scatter(
             raise ValueError(
                 f"the adaptive vector must have shape ({n_adaptive},), got {tuple(w.shape)}"
             )
-        parts = torch.split(w, plan.adaptive_sizes) if plan.adaptive_sizes else ()
+        parts = torch.split(w, list(plan.adaptive_sizes)) if plan.adaptive_sizes else ()
         names = plan.adaptive_names + tuple(plan.partial)
         for name, part in zip(names, parts, strict=True):
             if name in plan.partial:
@@ -106,7 +108,7 @@ def scatter(
         for kind, y in zip(plan.kinds, points, strict=True):
             if kind.product is not None:
                 continue
-            chunks = torch.split(y, kind.sizes, dim=0) if len(kind.sizes) > 1 else (y,)
+            chunks = torch.split(y, list(kind.sizes), dim=0) if len(kind.sizes) > 1 else (y,)
             for bi, chunk in zip(kind.blocks, chunks, strict=True):
                 for j, value in enumerate(_split_regions(chunk, plan.blocks[bi])):
                     regions[bi, j] = value
@@ -159,7 +161,7 @@ def _scatter_stacked(plan: Plan, params, points: Sequence[Tensor]) -> dict[str, 
         for j, value in enumerate(_split_regions(y, first)):
             regions[ki, j] = value  # (layers, *region)
     out = {}
-    for stack in plan.stacks:
+    for stack in plan.stacks or ():  # the caller checked that there are stacks
         tensors = [regions[s] for s in stack.sources]
         value = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=stack.dim + 1)
         value = plan.views[stack.names[0]].restore(value)

@@ -13,18 +13,19 @@ __all__ = ["AdaptiveGeometry"]
 
 
 class AdaptiveGeometry(QuotientManifold):
-    r"""Weights ``w`` (shape ``(..., d)``) with the metric ``<η, ζ>_w = Σ η ζ / ŵ²``.
+    r"""Weights ``w`` (shape ``(..., d)``) with the adaptive metric of adaptive sharpness.
 
-    ``ŵ = max(|w|, floor)``: the norm ``||ξ ⊙ ŵ⁻¹||₂`` is the adaptive norm of adaptive
+    The metric is :math:`\langle η, ζ \rangle_w = \sum η ζ / ŵ^2` with
+    ``ŵ = max(|w|, floor)``. The norm ``||ξ ⊙ ŵ⁻¹||₂`` is the adaptive norm of adaptive
     sharpness, the Riemannian gradient is ``∇ ⊙ ŵ²``, the isotropic map ``e ↦ ŵ e``, and the
     trivial group acts, so every vector is horizontal. The floor keeps the metric finite at
     zero weights: a zero weight can move by at most ``ρ · floor`` inside a ball of radius
     ``ρ`` (Andriushchenko et al. do not move it at all). The default ``1e-12`` is far below
     any weight that matters in float32 or float64.
 
-    The metric is a product of one-dimensional metrics ``dw² / w²``, so
-    ``Γ(ξ, η) = -ξ ⊙ η / w`` and the exact geodesic is ``w ⊙ exp(ξ / w)`` (away from the floor).
-    Adaptive sharpness itself perturbs along straight lines (:meth:`retr`).
+    The metric is a product of one-dimensional metrics :math:`dw^2 / w^2`, so
+    :math:`Γ(ξ, η) = -ξ ⊙ η / w` and the exact geodesic is :math:`w ⊙ \exp(ξ / w)` (away from
+    the floor). Adaptive sharpness itself perturbs along straight lines (:meth:`retr`).
     """
 
     name = "AdaptiveGeometry"
@@ -32,7 +33,7 @@ class AdaptiveGeometry(QuotientManifold):
 
     def __init__(self, floor: float = 1e-12):
         super().__init__()
-        self.floor = positive_real("floor", floor)
+        self.floor: float = positive_real("floor", floor)
 
     def extra_repr(self) -> str:
         return f"floor={self.floor}"
@@ -67,7 +68,9 @@ class AdaptiveGeometry(QuotientManifold):
         """``ŵ e``."""
         return e * self.scale(p)
 
-    def inner(self, x, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False) -> Tensor:
+    def inner(
+        self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False
+    ) -> Tensor:
         """``Σ u v / ŵ²``; for ``v = u`` the square norm of ``u / ŵ``, in two passes over ``u``
         (this is the ball norm of adaptive sharpness, on every iteration's hot path)."""
         p, v = self._pair_at(x, u, v)
@@ -77,13 +80,13 @@ class AdaptiveGeometry(QuotientManifold):
             return torch.linalg.vector_norm(whitened, dim=dims, keepdim=keepdim).square()
         return self._reduce(u * v / self.scale_squared(p), keepdim)
 
-    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
+    def christoffel(self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None) -> Tensor:
         """``-u ⊙ v / w`` (with ``|w|`` floored, sign kept)."""
         p = self.at(x)
         v = u if v is None else v
         return -u * v * torch.sign(p.x) / self.scale(p)
 
-    def expmap(self, x, u: Tensor, *, steps: int | None = None) -> Tensor:
+    def expmap(self, x: Tensor | AtPoint, u: Tensor, *, steps: int | None = None) -> Tensor:
         """``w ⊙ exp(ξ / w)`` (``|w|`` floored, sign kept)."""
         p = self.at(x)
         w = torch.where(p.x < 0, -self.scale(p), self.scale(p))

@@ -38,6 +38,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
 
 import torch
 from geoopt.manifolds.base import Manifold
@@ -47,6 +48,7 @@ from ..validation import positive_int
 from .ode import rk4, steps_for
 
 Tensor = torch.Tensor
+T = TypeVar("T")
 
 __all__ = ["AtPoint", "GenericPath", "QuotientManifold"]
 
@@ -61,11 +63,11 @@ class AtPoint:
     __slots__ = ("cache", "manifold", "x")
 
     def __init__(self, manifold: QuotientManifold, x: Tensor):
-        self.manifold = manifold
-        self.x = x
-        self.cache: dict[str, object] = {}
+        self.manifold: QuotientManifold = manifold
+        self.x: Tensor = x
+        self.cache: dict[str, Any] = {}  # each value is what compute() of its key returned
 
-    def cached(self, key: str, compute: Callable[[], object]):
+    def cached(self, key: str, compute: Callable[[], T]) -> T:
         """``compute()`` on first request of ``key``, the stored value afterwards."""
         try:
             return self.cache[key]
@@ -105,8 +107,10 @@ class QuotientManifold(Manifold):
 
     def __init__(self, *, exp_steps: int | None = None, dense_max: int = 64):
         super().__init__()
-        self.exp_steps = None if exp_steps is None else positive_int("exp_steps", exp_steps)
-        self.dense_max = int(dense_max)
+        self.exp_steps: int | None = (
+            None if exp_steps is None else positive_int("exp_steps", exp_steps)
+        )
+        self.dense_max: int = int(dense_max)
 
     # ------------------------------------------------------------------ primitives
     @abc.abstractmethod
@@ -156,7 +160,7 @@ class QuotientManifold(Manifold):
         raise NotImplementedError(f"{type(self).__name__} defines no push(x, u, g)")
 
     def random_group(
-        self, x, *, generator: torch.Generator | None = None, scale: float = 1.0
+        self, x: Tensor | AtPoint, *, generator: torch.Generator | None = None, scale: float = 1.0
     ) -> Tensor:
         """A random group element ``g = scale · exp(ω)`` for :meth:`act` at ``x``, one per batch
         entry, ``ω`` standard Gaussian in the Lie algebra.
@@ -187,7 +191,13 @@ class QuotientManifold(Manifold):
         return self
 
     # ------------------------------------------------------------------ points
-    def at(self, x) -> AtPoint:
+    def _check_shape(self, shape: tuple[int, ...], name: str) -> tuple[bool, str | None]:
+        """``(ok, reason)`` for a point shape; subclasses refine it (geoopt's hook)."""
+        # geoopt annotates shape as Tuple[int] (a 1-tuple) for a tuple of any length
+        result = super()._check_shape(shape, name)  # pyright: ignore[reportArgumentType]
+        return result if isinstance(result, tuple) else (result, None)
+
+    def at(self, x: Tensor | AtPoint) -> AtPoint:
         """The point ``x`` with its point-only quantities cached (see :class:`AtPoint`)."""
         if isinstance(x, AtPoint):
             if x.manifold is self:
@@ -237,7 +247,7 @@ class QuotientManifold(Manifold):
         return type(self), repr(self), state
 
     # ------------------------------------------------------------------ metric
-    def _pair_at(self, x, u: Tensor, v: Tensor | None) -> tuple[AtPoint, Tensor]:
+    def _pair_at(self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None) -> tuple[AtPoint, Tensor]:
         """The cached point and ``v`` (``u`` when ``None``), both vectors checked."""
         p = self.at(x)
         self._check_vector(p, u)
@@ -246,17 +256,19 @@ class QuotientManifold(Manifold):
         self._check_vector(p, v, "v")
         return p, v
 
-    def inner(self, x, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False) -> Tensor:
+    def inner(
+        self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False
+    ) -> Tensor:
         """``<u, v>_x = Σ u ⊙ M(x) v``."""
         p, v = self._pair_at(x, u, v)
         return self._reduce(u * self.metric(p, v), keepdim)
 
-    def norm(self, x, u: Tensor, *, keepdim: bool = False) -> Tensor:
+    def norm(self, x: Tensor | AtPoint, u: Tensor, *, keepdim: bool = False) -> Tensor:
         """``||u||_x = sqrt(<u, u>_x)``."""
         return self.inner(x, u, keepdim=keepdim).clamp_min(0).sqrt()
 
     # ------------------------------------------------------------------ projection
-    def proju(self, x, u: Tensor) -> Tensor:
+    def proju(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         """Horizontal projection ``u - V ω`` with ``(V* M V) ω = V* M u``."""
         p = self.at(x)
         self._check_vector(p, u)
@@ -309,16 +321,18 @@ class QuotientManifold(Manifold):
         """The Euclidean adjoint ``w ↦ V* w`` of the (linear) vertical map, by a VJP."""
         batch = p.x.shape[: p.x.dim() - self.ndim]
         zeros = p.x.new_zeros(*batch, *self.lie_shape(p))
-        _, adjoint_fn = torch.func.vjp(lambda w: self.vertical(p, w), zeros)
+        adjoint_fn = torch.func.vjp(lambda w: self.vertical(p, w), zeros)[1]
         return lambda w: adjoint_fn(w)[0]
 
-    def egrad2rgrad(self, x, u: Tensor) -> Tensor:
+    def egrad2rgrad(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         """Riemannian gradient ``proj(M⁻¹ ∇)`` from the Euclidean gradient ``∇``."""
         p = self.at(x)
         self._check_vector(p, u, "the gradient")
         return self.proju(p, self.metric_inv(p, u))
 
-    def random_tangent(self, x, *, generator: torch.Generator | None = None) -> Tensor:
+    def random_tangent(
+        self, x: Tensor | AtPoint, *, generator: torch.Generator | None = None
+    ) -> Tensor:
         """A random horizontal vector ``proj(T e)``, ``e ~ N(0, I)`` (see :meth:`isotropic`):
         isotropic in the metric before the projection, so in the horizontal space too."""
         p = self.at(x)
@@ -326,7 +340,7 @@ class QuotientManifold(Manifold):
         return self.proju(p, self.isotropic(p, e))
 
     # ------------------------------------------------------------------ geodesics
-    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
+    def christoffel(self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None) -> Tensor:
         """Christoffel contraction ``Γ(u, v)`` (``v=None``: ``Γ(u, u)``)."""
         if v is not None:
             return 0.25 * (self.christoffel(x, u + v) - self.christoffel(x, u - v))
@@ -339,26 +353,26 @@ class QuotientManifold(Manifold):
         def apply_metric(y: Tensor) -> Tensor:
             return self.metric(AtPoint(self, y), u)
 
-        _, dM_u_u = torch.func.jvp(apply_metric, (X,), (u,))
-        _, vjp_fn = torch.func.vjp(apply_metric, X)
+        dM_u_u = torch.func.jvp(apply_metric, (X,), (u,))[1]
+        vjp_fn = torch.func.vjp(apply_metric, X)[1]
         (grad_uMu,) = vjp_fn(u)
         return self.metric_inv(p, dM_u_u - 0.5 * grad_uMu)
 
-    def retr(self, x, u: Tensor) -> Tensor:
+    def retr(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         """First-order retraction ``x + u``."""
         return self.at(x).x + u
 
-    def expmap2(self, x, u: Tensor) -> Tensor:
+    def expmap2(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         """Second-order approximation of the exponential map ``x + u - ½ Γ(u, u)``."""
         p = self.at(x)
         return p.x + u - 0.5 * self.christoffel(p, u)
 
-    def expmap(self, x, u: Tensor, *, steps: int | None = None) -> Tensor:
+    def expmap(self, x: Tensor | AtPoint, u: Tensor, *, steps: int | None = None) -> Tensor:
         """Exact exponential map ``γ(1)`` (:meth:`geodesic`)."""
         return self.geodesic(x, u, steps=steps)[0]
 
     def geodesic(
-        self, x, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
+        self, x: Tensor | AtPoint, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
     ) -> tuple[Tensor, Tensor]:
         """``(γ(t), γ'(t))`` of the geodesic from ``(x, u)``: RK4 on ``ẍ = -Γ(ẋ, ẋ)``.
 
@@ -369,7 +383,8 @@ class QuotientManifold(Manifold):
         self._check_vector(p, u)
         t = self._times(t, p, u)
         n = self.rk4_steps(p, u, t, steps)
-        return rk4(lambda y, v: (-self.christoffel(y, v),), (p.x,), (u,), t, n)
+        y, v = rk4(lambda y, v: (-self.christoffel(y, v),), (p.x,), (u,), t, n)
+        return y, v
 
     def rk4_steps(self, p: AtPoint, u: Tensor, t: Tensor, steps: int | None = None) -> int:
         """RK4 steps for the geodesic from ``(p, u)`` over ``[0, t]``.
@@ -400,7 +415,7 @@ class QuotientManifold(Manifold):
         return t.reshape(*t.shape, *[1] * self.ndim)
 
     # ------------------------------------------------------------------ transport
-    def transp(self, x, y: Tensor, v: Tensor) -> Tensor:
+    def transp(self, x: Tensor | AtPoint, y: Tensor, v: Tensor) -> Tensor:
         """Vector transport by horizontal projection at the new point ``y``."""
         return self.proju(y, v)
 
@@ -416,22 +431,34 @@ class QuotientManifold(Manifold):
             raise ValueError(reason)
         return size
 
-    def random(self, *size, dtype=None, device=None, **kwargs) -> Tensor:
+    def random(
+        self,
+        *size: int | tuple[int, ...],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        **kwargs: Any,
+    ) -> Tensor:
         """Standard Gaussian entries (override where that is not an admissible point)."""
         return torch.randn(*self._checked_size(size), dtype=dtype, device=device)
 
-    def origin(self, *size, dtype=None, device=None, seed=42) -> Tensor:
+    def origin(
+        self,
+        *size: int | tuple[int, ...],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        seed: int = 42,
+    ) -> Tensor:
         """All ones (override where that is not an admissible point)."""
         return torch.ones(*self._checked_size(size), dtype=dtype, device=device)
 
     # ------------------------------------------------------------------ not available
-    def dist(self, x, y, *, keepdim=False):
+    def dist(self, x: Tensor, y: Tensor, *, keepdim: bool = False) -> Tensor:
         raise NotImplementedError(
             f"{self.name}: no closed form is known for the quotient distance; "
             "use expmap/expmap2 and norms of tangent vectors instead"
         )
 
-    def logmap(self, x, y):
+    def logmap(self, x: Tensor, y: Tensor) -> Tensor:
         raise NotImplementedError(
             f"{self.name}: no closed form is known for the logarithm map of this quotient"
         )
@@ -473,10 +500,10 @@ class GenericPath(QuotientManifold):
 
     def __init__(self, manifold: QuotientManifold, *, metric_inv: bool = False):
         super().__init__(exp_steps=manifold.exp_steps, dense_max=manifold.dense_max)
-        self.manifold = manifold
-        self.ndim = manifold.ndim
-        self.name = f"generic {manifold.name}"
-        self.own_metric_inv = bool(metric_inv)
+        self.manifold: QuotientManifold = manifold
+        self.ndim: int = manifold.ndim
+        self.name: str = f"generic {manifold.name}"
+        self.own_metric_inv: bool = bool(metric_inv)
 
     def lie_shape(self, p: AtPoint) -> tuple[int, ...]:
         return self.manifold.lie_shape(p)
@@ -501,7 +528,7 @@ class GenericPath(QuotientManifold):
     def push(self, x: Tensor, u: Tensor, g: Tensor) -> Tensor:
         return self.manifold.push(x, u, g)
 
-    def random_group(self, x, **kwargs) -> Tensor:
+    def random_group(self, x: Tensor | AtPoint, **kwargs: Any) -> Tensor:
         return self.manifold.random_group(x.x if isinstance(x, AtPoint) else x, **kwargs)
 
     def _check_shape(self, shape, name):
@@ -513,8 +540,20 @@ class GenericPath(QuotientManifold):
     def _check_point_on_manifold(self, x, *, atol=1e-5, rtol=1e-5):
         return self.manifold._check_point_on_manifold(x, atol=atol, rtol=rtol)
 
-    def random(self, *size, dtype=None, device=None, **kwargs) -> Tensor:
+    def random(
+        self,
+        *size: int | tuple[int, ...],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        **kwargs: Any,
+    ) -> Tensor:
         return self.manifold.random(*size, dtype=dtype, device=device, **kwargs)
 
-    def origin(self, *size, dtype=None, device=None, seed=42) -> Tensor:
+    def origin(
+        self,
+        *size: int | tuple[int, ...],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        seed: int = 42,
+    ) -> Tensor:
         return self.manifold.origin(*size, dtype=dtype, device=device, seed=seed)

@@ -37,28 +37,30 @@ class EuclideanGeometry(QuotientManifold):
     def isotropic(self, p: AtPoint, e: Tensor) -> Tensor:
         return e
 
-    def group_name(self, shape) -> str:
+    def group_name(self, shape: tuple[int, ...]) -> str:
         return "trivial"
 
-    def inner(self, x, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False) -> Tensor:
+    def inner(
+        self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False
+    ) -> Tensor:
         """``Σ u v`` (for ``v = u`` the square 2-norm)."""
         _, v = self._pair_at(x, u, v)
         if v is u:
             return torch.linalg.vector_norm(u, dim=-1, keepdim=keepdim).square()
         return self._reduce(u * v, keepdim)
 
-    def proju(self, x, u: Tensor) -> Tensor:
+    def proju(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         return u
 
-    def egrad2rgrad(self, x, u: Tensor) -> Tensor:
+    def egrad2rgrad(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         return u
 
-    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
+    def christoffel(self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None) -> Tensor:
         return torch.zeros_like(u)
 
-    def expmap(self, x, u: Tensor, *, steps: int | None = None) -> Tensor:
+    def expmap(self, x: Tensor | AtPoint, u: Tensor, *, steps: int | None = None) -> Tensor:
         """``w + ξ``."""
         return self.at(x).x + u
 
-    def expmap2(self, x, u: Tensor) -> Tensor:
+    def expmap2(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         return self.at(x).x + u

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -86,7 +87,7 @@ class ProductQuotient(QuotientManifold):
         *,
         size: int | None = None,
         labels: Sequence[str] | None = None,
-        exp_steps: int = 10,
+        exp_steps: int | None = None,
         dense_max: int | None = None,
     ):
         parts = tuple(parts)
@@ -213,13 +214,14 @@ class ProductQuotient(QuotientManifold):
     def vertical(self, p: AtPoint, omega: Tensor) -> Tensor:
         """``V_x ω = Σ_j E_j V_j(x_j) ω_j``."""
         shapes, sizes = self._lie(p)
-        chunks = torch.split(omega, sizes, dim=-1) if len(sizes) > 1 else (omega,)
+        chunks = torch.split(omega, list(sizes), dim=-1) if len(sizes) > 1 else (omega,)
         total = None
         for j, (m, q, w, shape) in enumerate(
             zip(self._manifolds, self._points(p), chunks, shapes, strict=True)
         ):
             v = self.embed(m.vertical(q, w.reshape(*w.shape[:-1], *shape)), j)
             total = v if total is None else total + v
+        assert total is not None  # a product has at least two parts
         return total
 
     def squared(self, p: AtPoint) -> Tensor:
@@ -249,12 +251,14 @@ class ProductQuotient(QuotientManifold):
             self._check_vector(p, v, "v")
         return -u * v / p.x
 
-    def geodesic(self, x, u: Tensor, *, steps: int | None = None) -> tuple[Tensor, Tensor]:
-        """``(x ⊙ exp(u / x), u ⊙ exp(u / x))``: the exact end point and velocity (``steps`` is
-        not used)."""
+    def geodesic(
+        self, x: Tensor | AtPoint, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """``(x ⊙ exp(t u / x), u ⊙ exp(t u / x))``: the exact point and velocity at ``t``
+        (``steps`` is not used)."""
         p = self.at(x)
         self._check_vector(p, u)
-        grow = torch.exp(u / p.x)
+        grow = torch.exp(self._times(t, p, u) * u / p.x)
         return p.x * grow, u * grow
 
     # ------------------------------------------------------------------ the action
@@ -271,13 +275,13 @@ class ProductQuotient(QuotientManifold):
         moved = self.embed(self._manifolds[j].act(self.part(x, j), g), j)
         return torch.where(self.covered(j, x.device), moved, x)
 
-    def act(self, x: Tensor, g) -> Tensor:
+    def act(self, x: Tensor, g: Any) -> Tensor:
         """``g · x = g_1 · (… (g_n · x))`` for ``g = (g_1, …, g_n)``."""
         for j, gj in reversed(tuple(enumerate(self._elements(g)))):
             x = self.act_part(x, j, gj)
         return x
 
-    def push(self, x: Tensor, u: Tensor, g) -> Tensor:
+    def push(self, x: Tensor, u: Tensor, g: Any) -> Tensor:
         """Differential of :meth:`act` at ``x`` applied to ``u`` (forward-mode autodiff)."""
         g = self._elements(g)
         shape = torch.broadcast_shapes(x.shape, u.shape)
@@ -316,7 +320,7 @@ class ProductQuotient(QuotientManifold):
         g = self._manifolds[j].random_group(self.part(x, j), generator=generator, scale=scale)
         e = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
         u = e * x.abs()
-        y, pushed = torch.func.jvp(lambda z: self.act_part(z, j, g), (x,), (u,))
+        y, pushed = torch.func.jvp(lambda z: self.act_part(z, j, g), (x,), (u,))[:2]
         before = self.inner(x, u)
         after = self.inner(y, pushed)
         return float(((after - before).abs() / before).max())

@@ -2,6 +2,8 @@ r"""Element-wise GL(1) re-scaling quotient of diagonal networks ``y = xᵀ(u ⊙
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .base import AtPoint, QuotientManifold
@@ -29,8 +31,9 @@ class RescaleQuotient(QuotientManifold):
     A point is ``x = [u; v]`` of shape ``(..., 2, d)`` with non-zero entries; the network
     only uses ``β = u ⊙ v``. Vertical vectors ``(-u ω, v ω)``; both metrics share the horizontal
     space ``η_u / u = η_v / v``, so the projection is the same for both:
-    ``proj(ξ) = (u b, v b)`` with ``b = ½ (ξ_u / u + ξ_v / v)``. Both metrics are diagonal,
-    ``M(x) u = u ⊙ m(x)``, so the isotropic map is ``e / √m(x)``.
+    :math:`\operatorname{proj}(ξ) = (u b, v b)` with :math:`b = \tfrac12 (ξ_u / u + ξ_v / v)`.
+    Both metrics are diagonal, :math:`M(x) u = u ⊙ m(x)`, so the isotropic map is
+    :math:`e / \sqrt{m(x)}`.
     ``RescaleQuotient(metric)`` returns :class:`RescaleInvQuotient` (``"inv"``, default) or
     :class:`RescaleMixQuotient` (``"mix"``).
     """
@@ -38,10 +41,12 @@ class RescaleQuotient(QuotientManifold):
     name = "RescaleQuotient"
     ndim = 2
 
-    def __new__(cls, metric=None, *args, **kwargs):
+    def __new__(
+        cls, metric: str | float | None = None, *args: Any, **kwargs: Any
+    ) -> RescaleQuotient:
         if cls is RescaleQuotient:
             cls = _metric_class("inv" if metric is None else metric)
-        return super().__new__(cls)
+        return super().__new__(cls)  # pyright: ignore[reportArgumentType]  # the metric's class
 
     def __init__(self, metric: str | None = None, *, exp_steps: int | None = None):
         if metric is not None and not isinstance(self, _metric_class(metric)):
@@ -51,14 +56,14 @@ class RescaleQuotient(QuotientManifold):
     def extra_repr(self) -> str:
         return f"metric={self.metric_name!r}"
 
-    def group_name(self, shape) -> str:
+    def group_name(self, shape: tuple[int, ...]) -> str:
         return f"GL(1)^{shape[-1]}"
 
     def with_metric(self, metric: str | float, *, eps: float | None = None) -> RescaleQuotient:
         """``RescaleQuotient(metric)`` (``eps`` does not apply)."""
-        return RescaleQuotient(metric, exp_steps=self.exp_steps)
+        return _metric_class(metric)(exp_steps=self.exp_steps)
 
-    def split(self, x) -> tuple[Tensor, Tensor]:
+    def split(self, x: Tensor | AtPoint) -> tuple[Tensor, Tensor]:
         """``[u; v] ↦ (u, v)``."""
         x = x.x if isinstance(x, AtPoint) else x
         return x[..., 0, :], x[..., 1, :]
@@ -76,6 +81,11 @@ class RescaleQuotient(QuotientManifold):
     def lie_shape(self, p: AtPoint) -> tuple[int]:
         return (p.x.shape[-1],)
 
+    def metric(self, p: AtPoint, u: Tensor) -> Tensor:
+        """``M(x) u``, defined by each metric's class; not abstract, so that a type checker
+        accepts ``RescaleQuotient(metric)``, which constructs that class."""
+        raise NotImplementedError(f"{type(self).__name__} defines no metric")
+
     def vertical(self, p: AtPoint, omega: Tensor) -> Tensor:
         """``(-u ω, v ω)``."""
         return p.x * torch.stack((-omega, omega), dim=-2)
@@ -84,16 +94,16 @@ class RescaleQuotient(QuotientManifold):
         """``e / √m(x)`` for the diagonal metric ``M(x) u = u ⊙ m(x)``."""
         return e * self.metric_inv(p, torch.ones_like(p.x)).sqrt()
 
-    def act(self, x, alpha: Tensor) -> Tensor:
+    def act(self, x: Tensor, alpha: Tensor) -> Tensor:
         """``(u, v) ↦ (α u, v / α)`` for ``α`` of shape ``(..., d)``."""
         return x * torch.stack((alpha, alpha.reciprocal()), dim=-2)
 
-    def push(self, x, u: Tensor, alpha: Tensor) -> Tensor:
+    def push(self, x: Tensor, u: Tensor, alpha: Tensor) -> Tensor:
         """Differential of the action: ``(ξ_u, ξ_v) ↦ (α ξ_u, ξ_v / α)``."""
         return self.act(u, alpha)
 
     # ------------------------------------------------------------------ closed forms
-    def proju(self, x, u: Tensor) -> Tensor:
+    def proju(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         """``(u b, v b)`` with ``b = ½ (ξ_u / u + ξ_v / v)``."""
         p = self.at(x)
         self._check_vector(p, u)
@@ -137,13 +147,13 @@ class RescaleInvQuotient(RescaleQuotient):
         """``v ⊙ x²``."""
         return v * p.x.square()
 
-    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
+    def christoffel(self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None) -> Tensor:
         """``-u ⊙ v / x``."""
         p = self.at(x)
         self._check_vector(p, u)
         return -u * (u if v is None else v) / p.x
 
-    def expmap(self, x, u: Tensor, *, steps: int | None = None) -> Tensor:
+    def expmap(self, x: Tensor | AtPoint, u: Tensor, *, steps: int | None = None) -> Tensor:
         """Exact geodesic ``x ⊙ exp(ξ / x)`` (``steps`` unused)."""
         p = self.at(x)
         self._check_vector(p, u)
@@ -174,7 +184,7 @@ class RescaleMixQuotient(RescaleQuotient):
         """``(v_u / v², v_v / u²)``."""
         return v / p.x.flip(-2).square()
 
-    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
+    def christoffel(self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None) -> Tensor:
         """``(u_u v_v + v_u u_v) / x̃ - (u ⊙ v)~ ⊙ x / x̃²`` (``~``: swap the rows)."""
         p = self.at(x)
         self._check_vector(p, u)
@@ -183,7 +193,7 @@ class RescaleMixQuotient(RescaleQuotient):
         cross = (u * v.flip(-2)).sum(dim=-2, keepdim=True)
         return cross / X_swap - (u * v).flip(-2) * p.x / X_swap.square()
 
-    def expmap(self, x, u: Tensor, *, steps: int | None = None) -> Tensor:
+    def expmap(self, x: Tensor | AtPoint, u: Tensor, *, steps: int | None = None) -> Tensor:
         """Exact geodesic at ``t = 1`` (class docstring; ``steps`` unused)."""
         p = self.at(x)
         self._check_vector(p, u)

@@ -25,16 +25,19 @@ class ScaleQuotient(QuotientManifold):
 
     - action ``w ↦ a w`` (``a`` of shape ``(...)``), push ``ξ ↦ a ξ``; vertical ``ω w``
       (``ω`` a scalar per block, Lie algebra of dimension ``k = 1``);
-    - metric ``<η, ζ>_w = Σ η ζ / r²``: invariant because the action scales ``η``, ``ζ`` and
-      ``r`` by the same ``a``. In log-polar coordinates ``w = e^ρ θ`` (``|θ| = 1``) it is the
-      product metric ``dρ² + |dθ|²`` of a cylinder ``R × S^{d-1}``, and the quotient is the
-      unit sphere with its round metric;
-    - horizontal space ``<w, ξ> = 0``; projection ``ξ - (<w, ξ> / r²) w``;
-    - Riemannian gradient ``proj(r² ∇)``; isotropic map ``e ↦ r e``;
-    - Christoffel contraction ``Γ(u, v) = [(u·v) w - (w·u) v - (w·v) u] / r²`` (the conformally
-      flat metric ``e^{2φ} I`` with ``φ = -log r``);
-    - exact geodesic (product of a line and a great circle): with ``α = <w, u> / r²``,
-      ``u_⊥ = u - α w`` and ``ν = |u_⊥| / r``, ``Exp_w(u) = e^α (cos ν · w + sinc ν · u_⊥)``;
+    - metric :math:`\langle η, ζ \rangle_w = \sum η ζ / r^2`: invariant because the action
+      scales ``η``, ``ζ`` and ``r`` by the same ``a``. In log-polar coordinates ``w = e^ρ θ``
+      (``|θ| = 1``) it is the product metric ``dρ² + |dθ|²`` of a cylinder ``R × S^{d-1}``, and
+      the quotient is the unit sphere with its round metric;
+    - horizontal space :math:`\langle w, ξ \rangle = 0`; projection
+      :math:`\operatorname{proj}(ξ) = ξ - (\langle w, ξ \rangle / r^2)\, w`;
+    - Riemannian gradient :math:`\operatorname{proj}(r^2 ∇)`; isotropic map ``e ↦ r e``;
+    - Christoffel contraction
+      :math:`Γ(u, v) = [(u \cdot v)\, w - (w \cdot u)\, v - (w \cdot v)\, u] / r^2` (the
+      conformally flat metric :math:`e^{2φ} I` with :math:`φ = -\log r`);
+    - exact geodesic (product of a line and a great circle): with
+      :math:`α = \langle w, u \rangle / r^2`, :math:`u_⊥ = u - α w` and :math:`ν = |u_⊥| / r`,
+      :math:`\operatorname{Exp}_w(u) = e^α (\cos ν \cdot w + \operatorname{sinc} ν \cdot u_⊥)`;
       for horizontal ``u`` the norm ``r`` is preserved.
 
     Only the primitives ``lie_shape``, ``vertical``, ``metric`` are needed; the closed forms
@@ -52,12 +55,12 @@ class ScaleQuotient(QuotientManifold):
     def __init__(self, ndim: int = 1, *, exp_steps: int | None = None):
         ndim = positive_int("ndim", ndim, "dimensions of a block")
         super().__init__(exp_steps=exp_steps)
-        self.ndim = ndim
+        self.ndim: int = ndim
 
     def extra_repr(self) -> str:
         return f"ndim={self.ndim}"
 
-    def group_name(self, shape) -> str:
+    def group_name(self, shape: tuple[int, ...]) -> str:
         return "positive scale R>0"
 
     def _check_shape(self, shape, name):
@@ -101,35 +104,37 @@ class ScaleQuotient(QuotientManifold):
         """``r e``: ``Σ (r e)² / r² = |e|²``."""
         return e * self._sqnorm(p.x).sqrt()
 
-    def act(self, x, a: Tensor) -> Tensor:
+    def act(self, x: Tensor, a: Tensor) -> Tensor:
         """``w ↦ a w`` for ``a > 0`` of shape ``(...)``."""
         return self._expand(a) * x
 
-    def push(self, x, u: Tensor, a: Tensor) -> Tensor:
+    def push(self, x: Tensor, u: Tensor, a: Tensor) -> Tensor:
         """Differential of the action: ``ξ ↦ a ξ``."""
         return self._expand(a) * u
 
     # ------------------------------------------------------------------ closed forms
-    def inner(self, x, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False) -> Tensor:
+    def inner(
+        self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False
+    ) -> Tensor:
         """``Σ u v / r²``."""
         p, v = self._pair_at(x, u, v)
         return self._reduce(u * v, keepdim) / self._reduce(p.x.square(), keepdim)
 
-    def proju(self, x, u: Tensor) -> Tensor:
+    def proju(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         """``u - (<w, u> / r²) w``."""
         p = self.at(x)
         self._check_vector(p, u)
         w = p.x
         return u - (self._dot(w, u) / self._sqnorm(w)) * w
 
-    def egrad2rgrad(self, x, u: Tensor) -> Tensor:
+    def egrad2rgrad(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         """``proj(r² ∇) = r² ∇ - <w, ∇> w``."""
         p = self.at(x)
         self._check_vector(p, u, "the gradient")
         w = p.x
         return self._sqnorm(w) * u - self._dot(w, u) * w
 
-    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
+    def christoffel(self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None) -> Tensor:
         """``Γ(u, v) = [(u·v) w - (w·u) v - (w·v) u] / r²``."""
         p = self.at(x)
         self._check_vector(p, u)
@@ -139,7 +144,7 @@ class ScaleQuotient(QuotientManifold):
             return (self._dot(u, u) * w - 2 * wu * u) / self._sqnorm(w)
         return (self._dot(u, v) * w - wu * v - self._dot(w, v) * u) / self._sqnorm(w)
 
-    def expmap(self, x, u: Tensor, *, steps: int | None = None) -> Tensor:
+    def expmap(self, x: Tensor | AtPoint, u: Tensor, *, steps: int | None = None) -> Tensor:
         """``e^α (cos ν · w + sinc ν · u_⊥)`` (class docstring; exact, ``steps`` unused)."""
         p = self.at(x)
         self._check_vector(p, u)

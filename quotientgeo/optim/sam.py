@@ -2,35 +2,38 @@ r"""Sharpness-aware minimisation (SAM) in a model's parameter geometry.
 
 One step at weights ``w`` with gradient ``g = ∇L(w)``:
 
-1. ``first_step``: move the weights, in place, to ``w̃ = γ_ξ(1)``, the end of the (geodesic)
-   step along ``ξ = ρ · grad L / ||grad L||_w``, the Riemannian gradient scaled to metric norm
-   ``ρ``;
+1. ``first_step``: move the weights, in place, to :math:`w̃ = γ_ξ(1)`, the end of the
+   (geodesic) step along :math:`ξ = ρ \operatorname{grad} L / \|\operatorname{grad} L\|_w`, the
+   Riemannian gradient scaled to metric norm ``ρ``;
 2. ``second_step``: put ``w`` back (bit-exactly) and step the base optimizer with the gradient
    taken at ``w̃``.
 
 The three variants share every line but the geometry:
 
-- ``"sam"`` (Foret et al. 2021): the flat metric, ``ξ = ρ g / ||g||₂``, ``w̃ = w + ξ``;
+- ``"sam"`` (Foret et al. 2021): the flat metric, :math:`ξ = ρ g / \|g\|_2`, :math:`w̃ = w + ξ`;
 - ``"asam"`` (Kwon et al. 2021, the l2 form): the element-wise adaptive metric
-  ``Σ ξ² / |w|²`` on every parameter, ``ξ = ρ |w|² ⊙ g / || |w| ⊙ g ||₂``, ``w̃ = w + ξ``;
+  :math:`\sum ξ^2 / |w|^2` on every parameter,
+  :math:`ξ = ρ |w|^2 ⊙ g / \| |w| ⊙ g \|_2`, :math:`w̃ = w + ξ`;
 - ``"geodesic"``: the quotient geometry of :func:`~quotientgeo.find_symmetries` (or the
   blocks given): on each symmetry block ``ξ`` is the horizontal Riemannian gradient and ``w̃``
-  its second-order geodesic step ``x + ξ - ½ Γ(ξ, ξ)`` (or first-order, or exact); the other
-  parameters move as in ASAM. ``ξ`` and the geodesic map are equivariant under the symmetry
-  group, so two parameterisations of one function are perturbed into two parameterisations of
-  one function; SAM and ASAM perturb them into different functions.
+  its second-order geodesic step :math:`x + ξ - \tfrac12 Γ(ξ, ξ)` (or first-order, or exact);
+  the other parameters move as in ASAM. ``ξ`` and the geodesic map are equivariant under the
+  symmetry group, so two parameterisations of one function are perturbed into two
+  parameterisations of one function; SAM and ASAM perturb them into different functions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..diagnosis import Diagnosis
 from ..geometry import ParameterGeometry, find_symmetries
-from ..manifolds import AdaptiveGeometry, EuclideanGeometry
+from ..linalg import tensor_sum
+from ..manifolds import AdaptiveGeometry, EuclideanGeometry, QuotientManifold
 from ..perturbation import MOVES, PerturbationSpace
 from ..sharpness import PERTURBATIONS, checked_metric
 from ..validation import positive_real
@@ -86,8 +89,8 @@ class GeodesicSAM(torch.optim.Optimizer):
         perturbation: str = "second_order",
         symmetries: str | ParameterGeometry = "auto",
         eps: float | None = None,
-        **kwargs,
-    ):
+        **kwargs: Any,
+    ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         rho = positive_real("rho", rho)
@@ -100,22 +103,22 @@ class GeodesicSAM(torch.optim.Optimizer):
             raise TypeError("base_optimizer must be an optimizer class, e.g. torch.optim.AdamW")
         self.model = model
         self.variant = variant
-        self.geometry = self._geometry(model, variant, symmetries)
+        self.geometry: ParameterGeometry = self._geometry(model, variant, symmetries)
         if not self.geometry.params:
             raise ValueError("the model has no trainable parameters (requires_grad=True)")
         if variant == "geodesic":
-            self.manifolds = self.geometry.manifolds(metric, eps=eps)
-            self.rest = self.geometry.rest_manifold()
+            self.manifolds: list[QuotientManifold] = self.geometry.manifolds(metric, eps=eps)
+            self.rest: QuotientManifold = self.geometry.rest_manifold()
         else:
             self.manifolds = []
             self.rest = EuclideanGeometry() if variant == "sam" else AdaptiveGeometry()
-        self.move = MOVES[perturbation]
+        self.move: str = MOVES[perturbation]
         params = list(self.geometry.params.values())
         super().__init__(params, dict(rho=rho, **kwargs))
-        self.base_optimizer = base_optimizer(self.param_groups, **kwargs)
-        self.param_groups = self.base_optimizer.param_groups
+        self.base_optimizer: torch.optim.Optimizer = base_optimizer(self.param_groups, **kwargs)
+        self.param_groups: list[dict[str, Any]] = self.base_optimizer.param_groups
         self.defaults.update(self.base_optimizer.defaults)
-        self._origin: list[Tensor] | None = None
+        self._origin: list[Tensor] | tuple[Tensor, ...] | None = None
 
     @staticmethod
     def _geometry(model, variant, symmetries) -> ParameterGeometry:
@@ -160,11 +163,12 @@ class GeodesicSAM(torch.optim.Optimizer):
             ]
             spaces.append(PerturbationSpace(self.rest, w, MOVES["first_order"], self.rest))
             xi = [s.rgrad(g) for s, g in zip(spaces, [*grad_points, grad_w], strict=True)]
-            norm = sum(s.sqnorm(v) for s, v in zip(spaces, xi, strict=True)).sqrt()
+            norm = tensor_sum(s.sqnorm(v) for s, v in zip(spaces, xi, strict=True)).sqrt()
             scale = self.param_groups[0]["rho"] / (norm + torch.finfo(norm.dtype).tiny)
             moved = [s.move(v * scale) for s, v in zip(spaces, xi, strict=True)]
-        params = list(self.geometry.params.values())
-        self._origin = torch._foreach_mul(params, 1)  # the weights as they are, one copy
+        params: list[Tensor] = list(self.geometry.params.values())
+        # the weights as they are, one fused copy (torch's _foreach ops have no public names)
+        self._origin = torch._foreach_mul(params, 1)  # pyright: ignore[reportPrivateImportUsage]
         self.geometry.assign_(moved[:-1], moved[-1])
         if zero_grad:
             self.zero_grad()
@@ -175,7 +179,8 @@ class GeodesicSAM(torch.optim.Optimizer):
         gradients now in ``.grad`` (taken at the perturbed point)."""
         if self._origin is None:
             raise RuntimeError("second_step needs a first_step before it")
-        torch._foreach_copy_(list(self.geometry.params.values()), self._origin)
+        params: list[Tensor] = list(self.geometry.params.values())
+        torch._foreach_copy_(params, self._origin)  # pyright: ignore[reportPrivateImportUsage]
         self._origin = None
         _average_gradients_(self.model, self.geometry.params.values())
         self.base_optimizer.step()

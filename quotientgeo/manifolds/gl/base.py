@@ -2,8 +2,7 @@ r"""GL(h) two-factor quotient: pairs ``(G, H)`` that enter a network only throug
 
 from __future__ import annotations
 
-import abc
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -14,12 +13,15 @@ from ..ode import rk4
 
 Tensor = torch.Tensor
 
-__all__ = ["GLQuotient", "Products"]
+__all__ = ["Coefficients", "GLQuotient", "Products"]
+
+FactorCoefficients = tuple[Tensor, Tensor, "Tensor | None"]
+Coefficients = tuple[FactorCoefficients, FactorCoefficients]
 
 
 class Products(NamedTuple):
     """The ``h × h`` products of a GL point and tangent vectors ``u``, ``v`` that every metric's
-    Christoffel coefficients are formed from (:meth:`GLQuotient.gamma_coefficients`).
+    Christoffel coefficients are formed from (``GLQuotient.gamma_coefficients``).
 
     ``uF = (u_Gᵀ G, u_Hᵀ H)``, ``vF = (v_Gᵀ G, v_Hᵀ H)``, ``uv = (u_Gᵀ v_G, u_Hᵀ v_H)``; the
     Gram matrices ``P = GᵀG + eps·I``, ``Q = HᵀH + eps·I`` and their inverses.
@@ -92,10 +94,12 @@ class GLQuotient(QuotientManifold):
     name = "GLQuotient"
     ndim = 2
 
-    def __new__(cls, n=None, metric=None, *args, **kwargs):
+    def __new__(
+        cls, n: int | None = None, metric: str | float | None = None, *args: Any, **kwargs: Any
+    ) -> GLQuotient:
         if cls is GLQuotient:
             cls = _metric_class("inv" if metric is None else metric)
-        return super().__new__(cls)
+        return super().__new__(cls)  # pyright: ignore[reportArgumentType]  # the metric's class
 
     def __init__(
         self,
@@ -127,11 +131,11 @@ class GLQuotient(QuotientManifold):
             dense_max=self.dense_max,
         )
 
-    def group_name(self, shape) -> str:
+    def group_name(self, shape: tuple[int, ...]) -> str:
         return f"GL({shape[-1]})"
 
     # ------------------------------------------------------------------ layout
-    def split(self, x) -> tuple[Tensor, Tensor]:
+    def split(self, x: Tensor | AtPoint) -> tuple[Tensor, Tensor]:
         """``x = [G; H] ↦ (G, H)`` (``x`` a tensor or an :class:`AtPoint`)."""
         x = x.x if isinstance(x, AtPoint) else x
         return x[..., : self.n, :], x[..., self.n :, :]
@@ -182,9 +186,13 @@ class GLQuotient(QuotientManifold):
         return p.cached("inverses", lambda: (cholesky_inverse(LP), cholesky_inverse(LQ)))
 
     # ------------------------------------------------------------------ primitives
-    @abc.abstractmethod
     def weights(self, p: AtPoint) -> tuple[Tensor, Tensor]:
-        """The metric weights ``(W_G, W_H)`` at ``p`` (see the class docstring)."""
+        """The metric weights ``(W_G, W_H)`` at ``p`` (see the class docstring).
+
+        Each metric's class defines it; not abstract, so that a type checker accepts
+        ``GLQuotient(n, metric)``, which constructs that class.
+        """
+        raise NotImplementedError(f"{type(self).__name__} defines no metric weights")
 
     def lie_shape(self, p: AtPoint) -> tuple[int, int]:
         h = p.x.shape[-1]
@@ -219,17 +227,17 @@ class GLQuotient(QuotientManifold):
             solve(LG, eG, upper=False, left=False), solve(LH, eH, upper=False, left=False)
         )
 
-    def act(self, x, A: Tensor) -> Tensor:
+    def act(self, x: Tensor, A: Tensor) -> Tensor:
         """``(G, H) ↦ (G A⁻¹, H Aᵀ)`` for ``A`` of shape ``(..., h, h)``."""
         G, H = self.split(x)
         return self.join(torch.linalg.solve(A, G, left=False), H @ mT(A))
 
-    def push(self, x, u: Tensor, A: Tensor) -> Tensor:
+    def push(self, x: Tensor, u: Tensor, A: Tensor) -> Tensor:
         """Differential of the action: ``(ξ_G, ξ_H) ↦ (ξ_G A⁻¹, ξ_H Aᵀ)``."""
         return self.act(u, A)
 
     def random_group(
-        self, x, *, generator: torch.Generator | None = None, scale: float = 1.0
+        self, x: Tensor | AtPoint, *, generator: torch.Generator | None = None, scale: float = 1.0
     ) -> Tensor:
         """``A = scale · N``, ``N`` with standard Gaussian entries (invertible with probability
         one, both components of GL(h)), one per batch entry of ``x``."""
@@ -239,7 +247,9 @@ class GLQuotient(QuotientManifold):
         return A.mul_(scale)
 
     # ------------------------------------------------------------------ closed forms
-    def inner(self, x, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False) -> Tensor:
+    def inner(
+        self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False
+    ) -> Tensor:
         """``tr(W_G u_Gᵀ v_G) + tr(W_H u_Hᵀ v_H)``.
 
         Evaluated as ``Σ W ⊙ uᵀv`` per factor: one pass over ``u`` and ``v`` and nothing of their
@@ -251,22 +261,23 @@ class GLQuotient(QuotientManifold):
         value = (W_G * (mT(uG) @ vG)).sum((-2, -1)) + (W_H * (mT(uH) @ vH)).sum((-2, -1))
         return value[..., None, None] if keepdim else value
 
-    @abc.abstractmethod
-    def gamma_coefficients(self, k: Products, same: bool) -> tuple[tuple, tuple]:
-        """The ``h × h`` coefficients of ``Γ(u, v)`` from the products ``k`` (:class:`Products`).
+    def gamma_coefficients(self, k: Products, same: bool) -> Coefficients:
+        """The ``h × h`` coefficients of ``Γ(u, v)`` from the products ``k`` (a ``Products``).
 
         Returns ``((C_G, C_uG, C_vG), (C_H, C_uH, C_vH))`` with
         ``Γ_F(u, v) = F C_F + u_F C_uF + v_F C_vF`` per factor ``F``; ``C_v`` is ``None`` when
-        ``same`` (``v is u``: the two last terms are one).
+        ``same`` (``v is u``: the two last terms are one). Each metric's class defines it (not
+        abstract, like :meth:`weights`).
         """
+        raise NotImplementedError(f"{type(self).__name__} defines no Christoffel coefficients")
 
-    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
+    def christoffel(self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None) -> Tensor:
         """Symmetric bilinear ``Γ(u, v)``: per factor ``F C_F + u_F C_uF + v_F C_vF``, the
         coefficients from :meth:`gamma_coefficients`, accumulated into one output."""
         p = self.at(x)
         self._check_vector(p, u)
-        same = v is None or v is u
-        v = u if same else v
+        v = u if v is None else v
+        same = v is u
         if not same:
             self._check_vector(p, v, "v")
         G, H = self.split(p)
@@ -278,12 +289,14 @@ class GLQuotient(QuotientManifold):
         cG, cH = self.gamma_coefficients(k, same)
         out = self._blockwise(u, cG[1], cH[1])
         if not same:
-            self._blockwise(v, cG[2], cH[2], add=out, into=True)
+            cvG, cvH = cG[2], cH[2]
+            assert cvG is not None and cvH is not None  # the bilinear form has them
+            self._blockwise(v, cvG, cvH, add=out, into=True)
         return self._blockwise(p.x, cG[0], cH[0], add=out, into=True)
 
     # ------------------------------------------------------------------ geodesics
     def geodesic(
-        self, x, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
+        self, x: Tensor | AtPoint, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
     ) -> tuple[Tensor, Tensor]:
         """``(γ(t), γ'(t))`` of the geodesic from ``(x, u)``, integrated in ``span [F, u_F]``.
 
@@ -324,7 +337,7 @@ class GLQuotient(QuotientManifold):
         CG, CH, DG, DH = rk4(acceleration, (C0, C0), (D0, D0), t, n_steps)
         return self.join(BG @ CG, BH @ CH), self.join(BG @ DG, BH @ DH)
 
-    def expmap(self, x, u: Tensor, *, steps: int | None = None) -> Tensor:
+    def expmap(self, x: Tensor | AtPoint, u: Tensor, *, steps: int | None = None) -> Tensor:
         """The exact exponential map ``γ(1)`` (:meth:`geodesic`)."""
         return self.geodesic(x, u, steps=steps)[0]
 
@@ -391,12 +404,24 @@ class GLQuotient(QuotientManifold):
                 )
         return True, "worst condition numbers: " + ", ".join(f"{n} {c:.3e}" for n, c, _ in worst)
 
-    def random(self, *size, dtype=None, device=None, **kwargs) -> Tensor:
+    def random(
+        self,
+        *size: int | tuple[int, ...],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        **kwargs: Any,
+    ) -> Tensor:
         """Gaussian factors (full rank with probability one), entries ``N(0, 1/h)``."""
         size = self._checked_size(size)
         return torch.randn(*size, dtype=dtype, device=device) / size[-1] ** 0.5
 
-    def origin(self, *size, dtype=None, device=None, seed=42) -> Tensor:
+    def origin(
+        self,
+        *size: int | tuple[int, ...],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        seed: int = 42,
+    ) -> Tensor:
         """``[I_{n×h}; I_{m×h}]`` broadcast to ``size``."""
         size = self._checked_size(size)
         rows, h = size[-2], size[-1]

@@ -7,9 +7,9 @@ import torch
 from ...linalg import cholesky, cholesky_inverse
 from ...validation import real_in
 from ..base import AtPoint
-from .base import GLQuotient, Products
-from .inv import GLInvQuotient
-from .mix import GLMixQuotient
+from .base import Coefficients, GLQuotient, Products
+from .inv import inv_coefficients
+from .mix import mix_coefficients
 
 Tensor = torch.Tensor
 
@@ -33,7 +33,9 @@ class InterpolatedGLQuotient(GLQuotient):
     Args:
         n: number of rows of ``G``.
         metric: the interpolation weight ``s ∈ [0, 1]``.
-        eps, exp_steps, dense_max: as for :class:`GLQuotient`.
+        eps: Gram relaxation ``≥ 0``, as for :class:`GLQuotient`.
+        exp_steps: RK4 steps of :meth:`expmap`, as for :class:`GLQuotient`.
+        dense_max: as for :class:`GLQuotient`.
     """
 
     name = "InterpolatedGLQuotient"
@@ -69,24 +71,24 @@ class InterpolatedGLQuotient(GLQuotient):
 
         return p.cached("weights", compute)
 
-    def gamma_coefficients(self, k: Products, same: bool) -> tuple[tuple, tuple]:
+    def gamma_coefficients(self, k: Products, same: bool) -> Coefficients:
         """``(1-s)`` inv and ``s`` mix brackets, weighted back by ``W⁻¹`` (class docstring)."""
         s = self.s
-        inv = GLInvQuotient.gamma_coefficients(self, k, same)
-        mix = GLMixQuotient.gamma_coefficients(self, k, same)
-        out = []
-        for c_inv, c_mix, W_inv, W_mix, W in (
-            (*inv[:1], *mix[:1], k.P_inv, k.Q, (1 - s) * k.P_inv + s * k.Q),
-            (*inv[1:], *mix[1:], k.Q_inv, k.P, (1 - s) * k.Q_inv + s * k.P),
-        ):
+        (iG, iH), (mG, mH) = inv_coefficients(k, same), mix_coefficients(k, same)
+
+        def combine(c_inv, c_mix, W_inv: Tensor, W_mix: Tensor, W: Tensor):
             W_out = cholesky_inverse(cholesky(W, "a metric weight"))
-            out.append(
-                tuple(
-                    None if a is None else ((1 - s) * a @ W_inv + s * b @ W_mix) @ W_out
-                    for a, b in zip(c_inv, c_mix, strict=True)
-                )
-            )
-        return out[0], out[1]
+
+            def one(a: Tensor, b: Tensor) -> Tensor:
+                return ((1 - s) * a @ W_inv + s * b @ W_mix) @ W_out
+
+            C_v = None if c_inv[2] is None or c_mix[2] is None else one(c_inv[2], c_mix[2])
+            return one(c_inv[0], c_mix[0]), one(c_inv[1], c_mix[1]), C_v
+
+        return (
+            combine(iG, mG, k.P_inv, k.Q, (1 - s) * k.P_inv + s * k.Q),
+            combine(iH, mH, k.Q_inv, k.P, (1 - s) * k.Q_inv + s * k.P),
+        )
 
     def metric_inv(self, p: AtPoint, v: Tensor) -> Tensor:
         """``(v_G W_G⁻¹, v_H W_H⁻¹)``; ``W⁻¹`` is ``(P, Q)`` at ``s = 0`` (no inversion)."""

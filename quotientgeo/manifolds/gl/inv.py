@@ -6,7 +6,7 @@ import torch
 
 from ...linalg import mT, solve_sylvester, sylvester_basis, sym
 from ..base import AtPoint
-from .base import GLQuotient, Products
+from .base import Coefficients, GLQuotient, Products
 
 Tensor = torch.Tensor
 
@@ -46,7 +46,7 @@ class GLInvQuotient(GLQuotient):
         LP, LQ = self.cholesky_factors(p)
         return self._blockwise(e, mT(LP), mT(LQ))
 
-    def proju(self, x, u: Tensor) -> Tensor:
+    def proju(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         """``(ξ_G + G Λ, ξ_H - H Λᵀ)``, ``Λ`` from the Sylvester equation (class docstring)."""
         p = self.at(x)
         self._check_vector(p, u)
@@ -60,7 +60,7 @@ class GLInvQuotient(GLQuotient):
         return self._blockwise(p.x, Lam, -mT(Lam), add=u)
 
     def geodesic(
-        self, x, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
+        self, x: Tensor | AtPoint, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
     ) -> tuple[Tensor, Tensor]:
         """``(γ(t), γ'(t))``: closed form per factor (:func:`inv_geodesic`) for ``eps = 0``
         (``steps`` unused); with ``eps > 0`` the relaxed metric is not GL(h)-invariant and the
@@ -75,14 +75,21 @@ class GLInvQuotient(GLQuotient):
         (G1, dG), (H1, dH) = inv_geodesic(G, uG, LP, t), inv_geodesic(H, uH, LQ, t)
         return self.join(G1, H1), self.join(dG, dH)
 
-    def gamma_coefficients(self, k: Products, same: bool) -> tuple[tuple, tuple]:
-        """Per factor ``(F, W) ∈ {(G, P), (H, Q)}``:
-        ``Γ_F(u, v) = F W⁻¹ sym(u_Fᵀ v_F) - u_F W⁻¹ sym(v_Fᵀ F) - v_F W⁻¹ sym(u_Fᵀ F)``."""
-        G = _gamma(k.P_inv, k.uF[0], k.vF[0], k.uv[0], same)
-        return G, _gamma(k.Q_inv, k.uF[1], k.vF[1], k.uv[1], same)
+    def gamma_coefficients(self, k: Products, same: bool) -> Coefficients:
+        """:func:`inv_coefficients`."""
+        return inv_coefficients(k, same)
 
 
-def _gamma(W_inv: Tensor, uF: Tensor, vF: Tensor, uv: Tensor, same: bool) -> tuple:
+def inv_coefficients(k: Products, same: bool) -> Coefficients:
+    """Per factor ``(F, W) ∈ {(G, P), (H, Q)}``:
+    ``Γ_F(u, v) = F W⁻¹ sym(u_Fᵀ v_F) - u_F W⁻¹ sym(v_Fᵀ F) - v_F W⁻¹ sym(u_Fᵀ F)``."""
+    G = _gamma(k.P_inv, k.uF[0], k.vF[0], k.uv[0], same)
+    return G, _gamma(k.Q_inv, k.uF[1], k.vF[1], k.uv[1], same)
+
+
+def _gamma(
+    W_inv: Tensor, uF: Tensor, vF: Tensor, uv: Tensor, same: bool
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """``(C_F, C_u, C_v)`` of one factor from ``uF = u_Fᵀ F``, ``vF = v_Fᵀ F``, ``uv = u_Fᵀ v_F``;
     for ``same`` (``v is u``) the two last terms are one and ``C_v`` is ``None``."""
     Su = W_inv @ sym(uF)

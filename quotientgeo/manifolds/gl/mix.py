@@ -6,7 +6,7 @@ import torch
 
 from ...linalg import mT, sym
 from ..base import AtPoint
-from .base import GLQuotient, Products
+from .base import Coefficients, GLQuotient, Products
 
 Tensor = torch.Tensor
 
@@ -54,7 +54,7 @@ class GLMixQuotient(GLQuotient):
         P_inv, Q_inv = self.inverses(p)
         return 0.5 * P_inv @ r @ Q_inv
 
-    def proju(self, x, u: Tensor) -> Tensor:
+    def proju(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         """``(ξ_G + G Λ, ξ_H - H Λᵀ)``, ``Λ = ½ (ξ_Hᵀ H Q⁻¹ - P⁻¹ Gᵀ ξ_G)``."""
         p = self.at(x)
         self._check_vector(p, u)
@@ -64,15 +64,22 @@ class GLMixQuotient(GLQuotient):
         Lam = 0.5 * ((mT(uH) @ H) @ Q_inv - P_inv @ (mT(G) @ uG))
         return self._blockwise(p.x, Lam, -mT(Lam), add=u)
 
-    def gamma_coefficients(self, k: Products, same: bool) -> tuple[tuple, tuple]:
-        """Factor ``F`` with the other factor ``K`` and its Gram ``W`` (``(G; H, Q)``,
-        ``(H; G, P)``):
-        ``Γ_F(u, v) = [u_F sym(v_Kᵀ K) + v_F sym(u_Kᵀ K) - F sym(u_Kᵀ v_K)] W⁻¹``."""
-        G = _gamma(k.Q_inv, k.uF[1], k.vF[1], k.uv[1], same)
-        return G, _gamma(k.P_inv, k.uF[0], k.vF[0], k.uv[0], same)
+    def gamma_coefficients(self, k: Products, same: bool) -> Coefficients:
+        """:func:`mix_coefficients`."""
+        return mix_coefficients(k, same)
 
 
-def _gamma(W_inv: Tensor, uK: Tensor, vK: Tensor, uvK: Tensor, same: bool) -> tuple:
+def mix_coefficients(k: Products, same: bool) -> Coefficients:
+    """Factor ``F`` with the other factor ``K`` and its Gram ``W`` (``(G; H, Q)``,
+    ``(H; G, P)``):
+    ``Γ_F(u, v) = [u_F sym(v_Kᵀ K) + v_F sym(u_Kᵀ K) - F sym(u_Kᵀ v_K)] W⁻¹``."""
+    G = _gamma(k.Q_inv, k.uF[1], k.vF[1], k.uv[1], same)
+    return G, _gamma(k.P_inv, k.uF[0], k.vF[0], k.uv[0], same)
+
+
+def _gamma(
+    W_inv: Tensor, uK: Tensor, vK: Tensor, uvK: Tensor, same: bool
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """``(C_F, C_u, C_v)`` of factor ``F`` from the other factor's ``uK = u_Kᵀ K``,
     ``vK = v_Kᵀ K``, ``uvK = u_Kᵀ v_K``; for ``same`` the first two terms are one and ``C_v``
     is ``None``."""

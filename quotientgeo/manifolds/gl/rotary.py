@@ -11,9 +11,11 @@ subgroup of ``GL(h)`` (``h = r + u``, ``r`` rotated coordinates).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from ...linalg import cholesky, gram, mT
+from ...linalg import cholesky, gram, mT, tensor_sum
 from ...validation import integer
 from ..base import AtPoint, QuotientManifold
 from .base import GLQuotient
@@ -87,7 +89,7 @@ class RotaryGLQuotient(QuotientManifold):
         if pairing not in PAIRINGS:
             raise ValueError(f"pairing must be one of {PAIRINGS}, got {pairing!r}")
         super().__init__(exp_steps=exp_steps)
-        self.gl = GLQuotient(n, metric, eps, exp_steps=exp_steps)
+        self.gl: GLQuotient = GLQuotient(n, metric, eps, exp_steps=exp_steps)
         self.rotary_dims = rotary_dims
         self.pairing = pairing
 
@@ -109,13 +111,13 @@ class RotaryGLQuotient(QuotientManifold):
             exp_steps=self.exp_steps,
         )
 
-    def group_name(self, shape) -> str:
+    def group_name(self, shape: tuple[int, ...]) -> str:
         h = shape[-1]
         r = h if self.rotary_dims is None else self.rotary_dims
         return f"(C*)^{r // 2}" + (f" × GL({h - r})" if h > r else "")
 
     # ------------------------------------------------------------------ layout
-    def at(self, x) -> AtPoint:
+    def at(self, x: Tensor | AtPoint) -> AtPoint:
         """The point, cached on :attr:`gl`'s :class:`AtPoint` (both fill the same cache)."""
         ok, reason = self._check_shape((x.x if isinstance(x, AtPoint) else x).shape, "x")
         if not ok:
@@ -136,7 +138,9 @@ class RotaryGLQuotient(QuotientManifold):
     def _check_point_on_manifold(self, x, *, atol=1e-5, rtol=1e-5):
         return self.gl._check_point_on_manifold(x, atol=atol, rtol=rtol)
 
-    def coordinates(self, h: int, device=None) -> tuple[Tensor, int, int]:
+    def coordinates(
+        self, h: int, device: torch.device | str | None = None
+    ) -> tuple[Tensor, int, int]:
         """``(order, m, u)``: coordinate indices ordered (first of each of the ``m`` pairs,
         second of each pair, the ``u`` unrotated ones)."""
         r = h if self.rotary_dims is None else self.rotary_dims
@@ -184,15 +188,15 @@ class RotaryGLQuotient(QuotientManifold):
     def isotropic(self, p: AtPoint, e: Tensor) -> Tensor:
         return self.gl.isotropic(p, e)
 
-    def act(self, x, A: Tensor) -> Tensor:
+    def act(self, x: Tensor, A: Tensor) -> Tensor:
         """``(G, H) ↦ (G A⁻¹, H Aᵀ)`` (``A`` in the subgroup, e.g. from :meth:`random_group`)."""
         return self.gl.act(x, A)
 
-    def push(self, x, u: Tensor, A: Tensor) -> Tensor:
+    def push(self, x: Tensor, u: Tensor, A: Tensor) -> Tensor:
         return self.gl.push(x, u, A)
 
     def random_group(
-        self, x, *, generator: torch.Generator | None = None, scale: float = 1.0
+        self, x: Tensor | AtPoint, *, generator: torch.Generator | None = None, scale: float = 1.0
     ) -> Tensor:
         """``A = scale · algebra(ω)``, ``ω`` standard Gaussian: random complex scalings on the
         pairs and a Gaussian ``GL(u)`` block (invertible with probability one)."""
@@ -205,29 +209,43 @@ class RotaryGLQuotient(QuotientManifold):
         return self.algebra(omega, h).mul_(scale)
 
     # ------------------------------------------------------------------ the total space's
-    def inner(self, x, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False) -> Tensor:
+    def inner(
+        self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False
+    ) -> Tensor:
         return self.gl.inner(self.at(x), u, v, keepdim=keepdim)
 
-    def christoffel(self, x, u: Tensor, v: Tensor | None = None) -> Tensor:
+    def christoffel(self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None) -> Tensor:
         return self.gl.christoffel(self.at(x), u, v)
 
-    def expmap2(self, x, u: Tensor) -> Tensor:
+    def expmap2(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         return self.gl.expmap2(self.at(x), u)
 
     def geodesic(
-        self, x, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
+        self, x: Tensor | AtPoint, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
     ) -> tuple[Tensor, Tensor]:
         """The total space's geodesic (closed form for ``"inv"`` with ``eps = 0``)."""
         return self.gl.geodesic(self.at(x), u, t, steps=steps)
 
-    def random(self, *size, dtype=None, device=None, **kwargs) -> Tensor:
+    def random(
+        self,
+        *size: int | tuple[int, ...],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        **kwargs: Any,
+    ) -> Tensor:
         return self.gl.random(*size, dtype=dtype, device=device)
 
-    def origin(self, *size, dtype=None, device=None, seed=42) -> Tensor:
+    def origin(
+        self,
+        *size: int | tuple[int, ...],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        seed: int = 42,
+    ) -> Tensor:
         return self.gl.origin(*size, dtype=dtype, device=device)
 
     # ------------------------------------------------------------------ projection
-    def proju(self, x, u: Tensor) -> Tensor:
+    def proju(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         """Horizontal projection (closed form of the class docstring)."""
         p = self.at(x)
         self._check_vector(p, u)
@@ -258,7 +276,7 @@ class _Projection:
         one = torch.ones(m, dtype=p.x.dtype, device=p.x.device)
         self.c = torch.cat([torch.stack([one, one], -1), torch.stack([one, -one], -1)])
         r = slice(0, 2 * m)
-        gram_rr = sum(self._pair_gram(L[..., r, r], R[..., r, r]) for L, R in self.terms)
+        gram_rr = tensor_sum(self._pair_gram(L[..., r, r], R[..., r, r]) for L, R in self.terms)
         if u:
             self._sylvester_factors()
             gram_rr = gram_rr - self._elimination()
@@ -305,12 +323,12 @@ class _Projection:
     def _coupling(self, omega_r: Tensor) -> Tensor:
         """``Σ_t L_tᵤᵣ Ω_r R_tᵣᵤ``."""
         r, f = slice(0, 2 * self.m), slice(2 * self.m, None)
-        return sum(L[..., f, r] @ omega_r @ R[..., r, f] for L, R in self.terms)
+        return tensor_sum(L[..., f, r] @ omega_r @ R[..., r, f] for L, R in self.terms)
 
     def _back_coupling(self, X: Tensor) -> Tensor:
         """``Σ_t L_tᵣᵤ X R_tᵤᵣ``."""
         r, f = slice(0, 2 * self.m), slice(2 * self.m, None)
-        return sum(L[..., r, f] @ X @ R[..., f, r] for L, R in self.terms)
+        return tensor_sum(L[..., r, f] @ X @ R[..., f, r] for L, R in self.terms)
 
     def _elimination(self) -> Tensor:
         """``[<E_α, Σ_t L_tᵣᵤ S⁻¹(T_β) R_tᵤᵣ>]_{αβ}`` with ``T_β = Σ_t L_tᵤᵣ E_β R_tᵣᵤ``."""

@@ -1,0 +1,96 @@
+"""The installed package's metadata: one version, the supported Python and torch versions
+stated consistently and containing the ones this test runs on, project URLs, ``py.typed``.
+
+These read the metadata of the installed distribution (what ``pip show`` and package indexes
+show), so they test an installed quotientgeo; run from a source tree without installing it,
+they skip.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import torch
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+import quotientgeo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+try:
+    META = metadata.metadata("quotientgeo")
+except metadata.PackageNotFoundError:  # pragma: no cover - a source tree on sys.path only
+    pytest.skip("quotientgeo is not installed", allow_module_level=True)
+
+
+def classifier_pythons() -> list[Version]:
+    """The ``Programming Language :: Python :: 3.x`` classifiers, sorted."""
+    prefix = "Programming Language :: Python :: "
+    found = [c.removeprefix(prefix) for c in META.get_all("Classifier") or []]
+    return sorted(Version(v) for v in found if re.fullmatch(r"3\.\d+", v))
+
+
+def torch_requirement() -> Requirement:
+    requirements = [Requirement(r) for r in META.get_all("Requires-Dist") or []]
+    return next(r for r in requirements if r.name == "torch" and r.marker is None)
+
+
+def test_one_version():
+    assert META["Version"] == quotientgeo.__version__
+
+
+def test_python_versions_stated_consistently():
+    requires = SpecifierSet(META["Requires-Python"])
+    pythons = classifier_pythons()
+    assert pythons, "no 'Programming Language :: Python :: 3.x' classifiers"
+    # the classifiers are consecutive minor versions starting at the requires-python floor
+    assert all(str(v) in requires for v in pythons)
+    floor = Version(f"3.{pythons[0].minor - 1}")
+    assert str(floor) not in requires, f"requires-python admits {floor}, not in the classifiers"
+    minors = [v.minor for v in pythons]
+    assert minors == list(range(minors[0], minors[-1] + 1))
+
+
+def test_running_python_is_supported():
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert running in SpecifierSet(META["Requires-Python"])
+    assert Version(running) in classifier_pythons(), f"Python {running} is not a classifier"
+
+
+def test_running_torch_is_supported():
+    requirement = torch_requirement()
+    running = Version(torch.__version__).base_version  # without a local build tag (+cpu)
+    assert requirement.specifier.contains(running), (
+        f"torch {torch.__version__} is outside the stated requirement {requirement}"
+    )
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_docs_state_the_supported_versions(page):
+    """The README and the site's home page say what the metadata says."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    pythons = classifier_pythons()
+    assert f"Python {pythons[0]} to {pythons[-1]}" in text
+    floor = re.search(r">=\s*([\d.]+)", str(torch_requirement().specifier))
+    assert floor is not None
+    assert f"PyTorch {floor.group(1)} or newer" in text
+
+
+def test_project_urls():
+    urls = dict(u.split(", ", 1) for u in META.get_all("Project-URL") or [])
+    assert {"Documentation", "Changelog"} <= set(urls)
+    mkdocs = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    site_url = re.search(r"^site_url:\s*(\S+)", mkdocs, re.MULTILINE)
+    assert site_url is not None and urls["Documentation"] == site_url.group(1)
+    assert urls["Changelog"].endswith("/CHANGELOG.md")
+
+
+def test_typed():
+    assert "Typing :: Typed" in (META.get_all("Classifier") or [])
+    assert (Path(quotientgeo.__file__).parent / "py.typed").is_file()
