@@ -14,9 +14,19 @@ import torch
 
 Tensor = torch.Tensor
 
-__all__ = ["MOVES", "PerturbationSpace"]
+__all__ = ["MOVES", "PERTURBATIONS", "PerturbationSpace", "move_of"]
 
 MOVES = {"second_order": "expmap2", "first_order": "retr", "exact": "expmap"}
+PERTURBATIONS = ("default", *MOVES)
+
+
+def move_of(manifold, perturbation: str) -> str:
+    """The manifold method that applies ``perturbation``: :data:`MOVES`, and for ``"default"``
+    the exact geodesic (``expmap``) where it is a closed form
+    (``manifold.closed_form_geodesic``), else the second-order map (``expmap2``)."""
+    if perturbation == "default":
+        return "expmap" if manifold.closed_form_geodesic else "expmap2"
+    return MOVES[perturbation]
 
 
 class PerturbationSpace:

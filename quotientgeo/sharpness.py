@@ -57,7 +57,7 @@ from .diagnosis import Diagnosis
 from .geometry import HALF, ParameterGeometry, find_symmetries
 from .linalg import tensor_sum
 from .manifolds import AdaptiveGeometry
-from .perturbation import MOVES, PerturbationSpace
+from .perturbation import MOVES, PERTURBATIONS, PerturbationSpace, move_of
 from .ranks import Ranks
 from .validation import integer, is_real, positive_int, positive_real, real_in
 
@@ -66,7 +66,6 @@ Tensor = torch.Tensor
 __all__ = ["SharpnessResult", "adaptive_sharpness", "average_sharpness", "geodesic_sharpness"]
 
 METRICS = ("mix", "inv")
-PERTURBATIONS = ("second_order", "first_order", "exact")
 NORMS = ("riemannian", "adaptive")
 MOMENTUM = 0.75
 MIN_UPDATE_RATIO = 0.75
@@ -222,7 +221,7 @@ class _Problem:
 
         with self.diagnosis.located():
             self.blocks = [
-                PerturbationSpace(m, x, MOVES[perturbation], ball(m))
+                PerturbationSpace(m, x, move_of(m, perturbation), ball(m))
                 for m, x in zip(manifolds, points, strict=True)
             ]
         rest = geometry.rest_manifold()  # adaptive sharpness: straight lines, its own metric
@@ -595,7 +594,7 @@ def geodesic_sharpness(
     *,
     rho: float,
     metric: str | float = "mix",
-    perturbation: str = "second_order",
+    perturbation: str = "default",
     norm: str = "riemannian",
     symmetries: str | ParameterGeometry | None = "auto",
     n_iter: int = 100,
@@ -621,10 +620,14 @@ def geodesic_sharpness(
             GL kinds the metric ``(1-s)·inv + s·mix``
             (:class:`~quotientgeo.InterpolatedGLQuotient`, geometry from the generic base).
             Other manifolds declared with :meth:`ParameterGeometry.add` keep their own metric.
-        perturbation: ``"second_order"`` (``expmap2``: ``x + ξ - ½Γ(ξ,ξ)``), ``"first_order"``
-            (``retr``: ``x + ξ``) or ``"exact"`` (``expmap``: the geodesic; RK4 where no closed
-            form is known) on symmetry blocks; the adaptive rest always moves along straight
-            lines.
+        perturbation: ``"default"``: on each symmetry block the exact geodesic where the
+            manifold has it in closed form (``closed_form_geodesic``: the GL ``inv`` metric with
+            ``eps = 0``, its rotary subgroup, re-scaling, scaling and product quotients), the
+            second-order map elsewhere (GL ``mix`` and interpolated metrics); or for every block
+            ``"second_order"`` (``expmap2``: ``x + ξ - ½Γ(ξ,ξ)``, the paper's map),
+            ``"first_order"`` (``retr``: ``x + ξ``) or ``"exact"`` (``expmap``: the geodesic,
+            integrated where no closed form is known). The adaptive rest always moves along
+            straight lines.
         norm: ``"riemannian"``: the ball and gradient use the quotient metric; ``"adaptive"``:
             they use the element-wise ``|w|`` metric while perturbations stay horizontal.
         symmetries: ``"auto"`` (:func:`~quotientgeo.find_symmetries`), an explicit
@@ -774,7 +777,7 @@ def average_sharpness(
     *,
     rho: float,
     metric: str | float = "mix",
-    perturbation: str = "second_order",
+    perturbation: str = "default",
     norm: str = "riemannian",
     symmetries: str | ParameterGeometry | None = "auto",
     n_samples: int = 100,

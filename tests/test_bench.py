@@ -57,8 +57,10 @@ def test_sharpness_bench_json(capsys):
         "geodesic_mix/adaptive",
         "geodesic_inv/adaptive",
         "adaptive/floor",
+        "exact_inv/second_order_inv",
     }
     assert result["floor_s"] > 0 and result["config"]["rounds"] == 2
+    assert result["geodesic_inv_exact_s"] > 0
 
 
 def test_sam_bench_json(capsys):

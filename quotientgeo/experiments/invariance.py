@@ -20,8 +20,8 @@ from . import _vit
 
 MEASURES = {
     "adaptive": {"symmetries": None, "perturbation": "first_order", "norm": "adaptive"},
-    "geodesic_inv": {"metric": "inv"},
-    "geodesic_mix": {"metric": "mix"},
+    "geodesic_inv": {"metric": "inv", "perturbation": "second_order"},
+    "geodesic_mix": {"metric": "mix", "perturbation": "second_order"},
 }
 
 

@@ -61,11 +61,12 @@ def balls() -> dict[str, dict]:
     """Measures with a ball of their own (each calibrated): name -> ``geodesic_sharpness``
     keyword arguments."""
     out = {"adaptive": {"symmetries": None, "perturbation": "first_order", "norm": "adaptive"}}
+    second = {"perturbation": "second_order"}  # the paper's map, on every row
     for metric in ("inv", "mix"):
-        out[f"geodesic_{metric}"] = {"metric": metric}
-        out[f"norm_adaptive_{metric}"] = {"metric": metric, "norm": "adaptive"}
+        out[f"geodesic_{metric}"] = {"metric": metric, **second}
+        out[f"norm_adaptive_{metric}"] = {"metric": metric, "norm": "adaptive", **second}
     for s in SPECTRUM:  # s = 0 and 1 are the inv and mix rows
-        out[f"spectrum_s{s:g}"] = {"metric": s}
+        out[f"spectrum_s{s:g}"] = {"metric": s, **second}
     return out
 
 

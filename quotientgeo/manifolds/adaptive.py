@@ -28,6 +28,8 @@ class AdaptiveGeometry(QuotientManifold):
     the floor). Adaptive sharpness itself perturbs along straight lines (:meth:`retr`).
     """
 
+    closed_form_geodesic = True
+
     name = "AdaptiveGeometry"
     ndim = 1
 

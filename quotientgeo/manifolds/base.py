@@ -104,6 +104,9 @@ class QuotientManifold(Manifold):
     name = "Quotient"
     ndim = 2
     reversible = False
+    #: ``True`` where :meth:`expmap` is a closed form rather than an integration: the default
+    #: perturbation of the sharpness measures is then the exact geodesic.
+    closed_form_geodesic: bool = False
 
     def __init__(self, *, exp_steps: int | None = None, dense_max: int = 64):
         super().__init__()

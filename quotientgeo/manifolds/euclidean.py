@@ -19,6 +19,8 @@ class EuclideanGeometry(QuotientManifold):
     (Foret et al. 2021) measures its perturbation ``ρ ∇ / ||∇||``.
     """
 
+    closed_form_geodesic = True
+
     name = "EuclideanGeometry"
     ndim = 1
 

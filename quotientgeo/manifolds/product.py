@@ -78,6 +78,8 @@ class ProductQuotient(QuotientManifold):
             ``K · D ≤ 2²⁴``).
     """
 
+    closed_form_geodesic = True
+
     name = "ProductQuotient"
     ndim = 1
 

@@ -38,6 +38,8 @@ class RescaleQuotient(QuotientManifold):
     :class:`RescaleMixQuotient` (``"mix"``).
     """
 
+    closed_form_geodesic = True
+
     name = "RescaleQuotient"
     ndim = 2
 

@@ -49,6 +49,8 @@ class ScaleQuotient(QuotientManifold):
         exp_steps: RK4 steps of :meth:`geodesic` (:meth:`expmap` is exact).
     """
 
+    closed_form_geodesic = True
+
     name = "ScaleQuotient"
     ndim = 1
 

@@ -34,8 +34,8 @@ from ..diagnosis import Diagnosis
 from ..geometry import ParameterGeometry, find_symmetries
 from ..linalg import tensor_sum
 from ..manifolds import AdaptiveGeometry, EuclideanGeometry, QuotientManifold
-from ..perturbation import MOVES, PerturbationSpace
-from ..sharpness import PERTURBATIONS, checked_metric
+from ..perturbation import MOVES, PERTURBATIONS, PerturbationSpace, move_of
+from ..sharpness import checked_metric
 from ..validation import positive_real
 
 Tensor = torch.Tensor
@@ -112,7 +112,7 @@ class GeodesicSAM(torch.optim.Optimizer):
         else:
             self.manifolds = []
             self.rest = EuclideanGeometry() if variant == "sam" else AdaptiveGeometry()
-        self.move: str = MOVES[perturbation]
+        self.perturbation: str = perturbation
         params = list(self.geometry.params.values())
         super().__init__(params, dict(rho=rho, **kwargs))
         self.base_optimizer: torch.optim.Optimizer = base_optimizer(self.param_groups, **kwargs)
@@ -158,7 +158,7 @@ class GeodesicSAM(torch.optim.Optimizer):
         diagnosis = Diagnosis(self.geometry, self.manifolds, points, w, "the weights are unchanged")
         with diagnosis.located():
             spaces = [
-                PerturbationSpace(m, x, self.move, m)
+                PerturbationSpace(m, x, move_of(m, self.perturbation), m)
                 for m, x in zip(self.manifolds, points, strict=True)
             ]
             spaces.append(PerturbationSpace(self.rest, w, MOVES["first_order"], self.rest))

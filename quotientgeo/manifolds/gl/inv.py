@@ -59,6 +59,11 @@ class GLInvQuotient(GLQuotient):
         Lam = mT(solve_sylvester(basis, B))
         return self._blockwise(p.x, Lam, -mT(Lam), add=u)
 
+    @property
+    def closed_form_geodesic(self) -> bool:  # type: ignore[override]
+        """Closed form for ``eps = 0`` (the relaxed metric is integrated)."""
+        return self.eps == 0
+
     def geodesic(
         self, x: Tensor | AtPoint, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
     ) -> tuple[Tensor, Tensor]:

@@ -97,6 +97,11 @@ class RotaryGLQuotient(QuotientManifold):
     def n(self) -> int:
         return self.gl.n
 
+    @property
+    def closed_form_geodesic(self) -> bool:  # type: ignore[override]
+        """The total space's: closed form for ``"inv"`` with ``eps = 0``."""
+        return self.gl.closed_form_geodesic
+
     def extra_repr(self) -> str:
         return f"{self.gl.extra_repr()}, rotary_dims={self.rotary_dims}, pairing={self.pairing!r}"
 
