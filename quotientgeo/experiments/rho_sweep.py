@@ -37,11 +37,11 @@ def map_errors(model, symmetries, metric: str, perturbation: dict) -> dict[str, 
     geometry = symmetries if isinstance(symmetries, ParameterGeometry) else find_symmetries(model)
     points, _ = geometry.gather(dtype=torch.float64)
     xis, _ = geometry.gather(perturbation, dtype=torch.float64)
-    worst = dict.fromkeys(MAPS, 0.0)
+    worst: dict[str, float] = dict.fromkeys(MAPS, 0.0)
     for m, x, xi in zip(geometry.manifolds(metric), points, xis, strict=True):
         exact = m.expmap(x, xi)
         span = torch.linalg.vector_norm(exact - x).clamp_min(1e-300)
-        ys = {"second_order": m.expmap2(x, xi)}
+        ys: dict[str, torch.Tensor] = {"second_order": m.expmap2(x, xi)}
         if isinstance(m, GLQuotient):
             ys["rk4_10"] = GLQuotient.geodesic(m, x, xi, steps=10)[0]
             ys["rk4_auto"] = GLQuotient.geodesic(m, x, xi)[0]
