@@ -7,6 +7,7 @@ dimensions, like :mod:`torch.linalg`. Nothing here leaves the input's device or 
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import warnings
 from collections.abc import Callable, Iterable
@@ -158,3 +159,39 @@ def conjugate_gradient(
             stacklevel=3,
         )
     return x
+
+
+_TAYLOR_THETA = 0.5  # ‖A‖₁ after scaling: degree-12 truncation error ≤ θ¹³/13! ≈ 2e-14
+
+
+def expm(A: Tensor) -> Tensor:
+    """Batched matrix exponential: degree-12 Taylor polynomial, scaling and squaring.
+
+    ``expm(A) = p(A / 2ˢ)^(2ˢ)`` with ``p`` the Taylor polynomial of degree 12, evaluated by
+    Paterson–Stockmeyer in six matrix products, and ``s = ⌈log₂(‖A‖₁ / θ)⌉₊`` (``θ = 0.5``, the
+    largest 1-norm over the batch, read once on the host), so the relative truncation error is
+    at most ``θ¹³/13! ≈ 2e-14``. Differentiable through matrix products: for many small
+    matrices of modest norm this is several times cheaper than :func:`torch.linalg.matrix_exp`,
+    most of all in the backward pass (which that function takes as the exponential of a matrix
+    of twice the size).
+    """
+    norm = float(A.detach().abs().sum(-2).amax(-1).max()) if A.numel() else 0.0
+    if not math.isfinite(norm):
+        raise ValueError("expm: the matrix has non-finite entries")
+    s = max(0, math.ceil(math.log2(norm / _TAYLOR_THETA))) if norm > 0 else 0
+    B = A / 2.0**s if s else A
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device).expand_as(A)
+    c = [1.0 / math.factorial(k) for k in range(13)]
+    B2 = B @ B
+    B3 = B2 @ B
+    B4 = B2 @ B2
+
+    def q(j: int) -> Tensor:  # c₄ⱼ I + c₄ⱼ₊₁ B + c₄ⱼ₊₂ B² + c₄ⱼ₊₃ B³
+        return c[4 * j] * eye + c[4 * j + 1] * B + c[4 * j + 2] * B2 + c[4 * j + 3] * B3
+
+    E = q(2) + c[12] * B4
+    E = q(1) + B4 @ E
+    E = q(0) + B4 @ E
+    for _ in range(s):
+        E = E @ E
+    return E

@@ -184,8 +184,8 @@ def test_default_integration_meets_its_stated_accuracy(case, metric, size, horiz
 
 def test_step_count_rule():
     assert steps_for(0.0, torch.float64) == 1
-    assert steps_for(1.0, torch.float64) == 142  # N = ⌈κ (4 / 1e-8)^{1/4}⌉
-    assert steps_for(1.0, torch.float32) == 26  # N = ⌈κ (4 / 1e-5)^{1/4}⌉
+    assert steps_for(1.0, torch.float64) == 200  # N = ⌈κ (16 / 1e-8)^{1/4}⌉
+    assert steps_for(1.0, torch.float32) == 36  # N = ⌈κ (16 / 1e-5)^{1/4}⌉
     with pytest.raises(ValueError, match="not finite"):
         steps_for(float("nan"), torch.float64)
     with pytest.warns(RuntimeWarning, match="RK4 steps"):

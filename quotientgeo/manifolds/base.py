@@ -392,7 +392,7 @@ class QuotientManifold(Manifold):
     def rk4_steps(self, p: AtPoint, u: Tensor, t: Tensor, steps: int | None = None) -> int:
         """RK4 steps for the geodesic from ``(p, u)`` over ``[0, t]``.
 
-        ``steps``, else :attr:`exp_steps`, else ``⌈κ (4 / rtol)^{1/4}⌉`` with the rate
+        ``steps``, else :attr:`exp_steps`, else ``⌈κ (16 / rtol)^{1/4}⌉`` with the rate
         ``κ = max |t| ||Γ(u, u)||_x / ||u||_x`` over the batch (metric norms, so the count is
         the same at every point of an orbit; one Christoffel contraction and one read on the
         host), for a relative error of the end point below ``rtol`` (``1e-8`` in float64,

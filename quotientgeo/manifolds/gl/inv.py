@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ...linalg import mT, solve_sylvester, sylvester_basis, sym
+from ...linalg import expm, mT, solve_sylvester, sylvester_basis, sym
 from ..base import AtPoint
 from .base import Coefficients, GLQuotient, Products
 
@@ -77,7 +77,9 @@ class GLInvQuotient(GLQuotient):
         t = self._times(t, p, u)
         (G, H), (uG, uH) = self.split(p), self.split(u)
         LP, LQ = self.cholesky_factors(p)
-        (G1, dG), (H1, dH) = inv_geodesic(G, uG, LP, t), inv_geodesic(H, uH, LQ, t)
+        LP_inv, LQ_inv = p.cached("cholesky_inv", lambda: (lower_inverse(LP), lower_inverse(LQ)))
+        G1, dG = inv_geodesic(G, uG, LP, t, LP_inv)
+        H1, dH = inv_geodesic(H, uH, LQ, t, LQ_inv)
         return self.join(G1, H1), self.join(dG, dH)
 
     def gamma_coefficients(self, k: Products, same: bool) -> Coefficients:
@@ -104,10 +106,11 @@ def _gamma(
 
 
 def inv_geodesic(
-    F: Tensor, xi: Tensor, L: Tensor, t: Tensor | float = 1.0
+    F: Tensor, xi: Tensor, L: Tensor, t: Tensor | float = 1.0, L_inv: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     r"""Geodesic ``(F(t), F'(t))`` of ``g_F(η, η) = tr((FᵀF)⁻¹ ηᵀη)`` from ``F(0) = F``,
-    ``F'(0) = ξ``, batched over leading dimensions; ``L`` is the lower Cholesky factor of ``FᵀF``.
+    ``F'(0) = ξ``, batched over leading dimensions; ``L`` is the lower Cholesky factor of ``FᵀF``
+    (``L_inv`` its inverse, computed if not given).
 
     The metric is invariant under ``F ↦ O F A`` (``O ∈ O(n)``, ``A ∈ GL(h)``), and its
     geodesics are orbits of one-parameter subgroups of that group:
@@ -124,23 +127,38 @@ def inv_geodesic(
     ``W⊥ = 0`` (a velocity inside the column space) and at ``ξ = 0``.
     """
     h = F.shape[-1]
-    tri = torch.linalg.solve_triangular
+    if L_inv is None:
+        L_inv = lower_inverse(L)
 
     def congruence(A: Tensor) -> Tensor:  # L⁻¹ A L⁻ᵀ
-        return mT(tri(L, mT(tri(L, A, upper=False)), upper=False))
+        return L_inv @ A @ mT(L_inv)
 
     X = congruence(mT(F) @ xi)
     S2 = congruence(mT(xi) @ xi) - mT(X) @ X
+    # balance M by the similarity diag(I, d·I) (same expm[:, :h] up to the factor d on the
+    # bottom block): its norm drops from ≥ 1 to the size of the velocity; d is a constant
+    sigma = torch.linalg.matrix_norm(S2.detach()).sqrt().clamp_min(1e-3)[..., None, None]
+    d = 1.0 / sigma
     eye = torch.eye(h, dtype=X.dtype, device=X.device).expand_as(X)
+    M = torch.cat(
+        [torch.cat([X - mT(X), -S2 * d], -1), torch.cat([sigma * eye, torch.zeros_like(X)], -1)], -2
+    )
+    E = expm(t * M)[..., :h]
+    E = torch.cat([E[..., :h, :], d * E[..., h:, :]], -2)  # expm(t M_unbalanced)[:, :h]
+    Y = E @ expm(t * mT(X))
     M = torch.cat([torch.cat([X - mT(X), -S2], -1), torch.cat([eye, torch.zeros_like(X)], -1)], -2)
-    Y = torch.linalg.matrix_exp(t * M)[..., :h] @ torch.linalg.matrix_exp(t * mT(X))
     dY = M @ Y + Y @ mT(X)
-    R = mT(L)
 
-    def point(Y: Tensor) -> Tensor:  # [F, ξ] [[R⁻¹, -R⁻¹X], [0, R⁻¹]] Y R
+    def point(Y: Tensor) -> Tensor:  # [F, ξ] [[R⁻¹, -R⁻¹X], [0, R⁻¹]] Y R with R = Lᵀ
         Y1, Y2 = Y[..., :h, :], Y[..., h:, :]
-        A = tri(R, (Y1 - X @ Y2) @ R, upper=True)
-        B = tri(R, Y2 @ R, upper=True)
+        A = mT(L_inv) @ (Y1 - X @ Y2) @ mT(L)
+        B = mT(L_inv) @ Y2 @ mT(L)
         return F @ A + xi @ B
 
     return point(Y), point(dY)
+
+
+def lower_inverse(L: Tensor) -> Tensor:
+    """``L⁻¹`` of a lower triangular ``L`` (one triangular solve against the identity)."""
+    eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand_as(L)
+    return torch.linalg.solve_triangular(L, eye, upper=False)
