@@ -279,14 +279,17 @@ class QuotientManifold(Manifold):
         if k == 0:
             return u
         if k <= self.dense_max:
-            basis, m_basis, chol = p.cached("vertical_gram", lambda: self._vertical_gram(p))
+            key = self._group_key("vertical_gram", p)
+            basis, m_basis, chol = p.cached(key, lambda: self._vertical_gram(p))
             event = -self.ndim
             u = u.expand(torch.broadcast_shapes(u.shape, p.x.shape))
             rhs = torch.einsum("k...e,...e->...k", m_basis.flatten(event), u.flatten(event))
             omega = torch.cholesky_solve(rhs.unsqueeze(-1), chol).squeeze(-1)
             shift = torch.einsum("...k,k...e->...e", omega, basis.flatten(event))
             return u - shift.reshape(u.shape)
-        adjoint = p.cached("vertical_adjoint", lambda: self._vertical_adjoint(p))
+        adjoint = p.cached(
+            self._group_key("vertical_adjoint", p), lambda: self._vertical_adjoint(p)
+        )
         omega = conjugate_gradient(
             lambda w: adjoint(self.metric(p, self.vertical(p, w))),
             adjoint(self.metric(p, u)),
@@ -294,6 +297,12 @@ class QuotientManifold(Manifold):
             precondition=lambda r: self.precondition(p, r),
         )
         return u - self.vertical(p, omega)
+
+    def _group_key(self, key: str, p: AtPoint) -> str:
+        """The cache key of a quantity that depends on this manifold's group: ``key`` on its own
+        points, qualified by this manifold on the point of another (a total space's point, which
+        quotients by other groups share)."""
+        return key if p.manifold is self else f"{key}@{id(self)}"
 
     def _basis(self, p: AtPoint, shape: tuple[int, ...]) -> Tensor:
         """The standard basis of tensors of ``shape``, as ``(k, *batch, *shape)`` (broadcast)."""
