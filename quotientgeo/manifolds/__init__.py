@@ -1,14 +1,20 @@
 """Quotient manifolds: the generic base and the shipped symmetries."""
 
 from .adaptive import AdaptiveGeometry
-from .base import AtPoint, GenericPath, QuotientManifold
+from .base import AtPoint, GenericPath, Group, GroupAction, Quotient, QuotientManifold
 from .euclidean import EuclideanGeometry
 from .gl import (
+    GLGroup,
     GLInvQuotient,
     GLMixQuotient,
     GLQuotient,
+    GLTotalSpace,
     InterpolatedGLQuotient,
+    InterpolatedTotalSpace,
+    InvTotalSpace,
+    MixTotalSpace,
     RotaryGLQuotient,
+    RotaryGroup,
 )
 from .product import ProductQuotient
 from .rescale import RescaleInvQuotient, RescaleMixQuotient, RescaleQuotient
@@ -18,16 +24,25 @@ __all__ = [
     "AdaptiveGeometry",
     "AtPoint",
     "EuclideanGeometry",
+    "GLGroup",
     "GLInvQuotient",
     "GLMixQuotient",
     "GLQuotient",
+    "GLTotalSpace",
     "GenericPath",
+    "Group",
+    "GroupAction",
     "InterpolatedGLQuotient",
+    "InterpolatedTotalSpace",
+    "InvTotalSpace",
+    "MixTotalSpace",
     "ProductQuotient",
+    "Quotient",
     "QuotientManifold",
     "RescaleInvQuotient",
     "RescaleMixQuotient",
     "RescaleQuotient",
     "RotaryGLQuotient",
+    "RotaryGroup",
     "ScaleQuotient",
 ]

@@ -1,15 +1,24 @@
-"""GL(h) two-factor quotients, one class per metric (``GLQuotient(n, metric)`` dispatches)."""
+"""GL(h) two-factor quotients: total spaces (one class per metric), the group, the quotients.
 
-from .base import GLQuotient
-from .interpolated import InterpolatedGLQuotient
-from .inv import GLInvQuotient
-from .mix import GLMixQuotient
-from .rotary import RotaryGLQuotient
+``GLQuotient(n, metric)`` and ``GLTotalSpace(n, metric)`` dispatch to the metric's class.
+"""
+
+from .base import GLGroup, GLQuotient, GLTotalSpace
+from .interpolated import InterpolatedGLQuotient, InterpolatedTotalSpace
+from .inv import GLInvQuotient, InvTotalSpace
+from .mix import GLMixQuotient, MixTotalSpace
+from .rotary import RotaryGLQuotient, RotaryGroup
 
 __all__ = [
+    "GLGroup",
     "GLInvQuotient",
     "GLMixQuotient",
     "GLQuotient",
+    "GLTotalSpace",
     "InterpolatedGLQuotient",
+    "InterpolatedTotalSpace",
+    "InvTotalSpace",
+    "MixTotalSpace",
     "RotaryGLQuotient",
+    "RotaryGroup",
 ]

@@ -1,19 +1,32 @@
-r"""GL(h) two-factor quotient: pairs ``(G, H)`` that enter a network only through ``G Hᵀ``."""
+r"""GL(h) two-factor quotient: pairs ``(G, H)`` that enter a network only through ``G Hᵀ``.
+
+Three parts, composed as in a fiber bundle:
+
+- :class:`GLTotalSpace` (one subclass per metric: ``inv.py``, ``mix.py``, ``interpolated.py``):
+  the pairs ``x = [G; H]`` with an invariant metric and no group, i.e. the layout, the cached
+  Grams, the metric, Christoffel symbols and geodesics (closed form where one exists);
+- :class:`GLGroup`: ``GL(h)`` acting by ``(G, H) ↦ (G A⁻¹, H Aᵀ)``, its vertical space
+  ``{(-G Ω, H Ωᵀ)}`` and random elements;
+- :class:`GLQuotient`: a total space whose Lie-algebra primitives come from a :class:`GLGroup`
+  (the total-space methods are inherited, so a quotient is its own total space); each metric's
+  quotient class adds the closed-form horizontal projection where there is one.
+"""
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
 from ...linalg import cholesky, cholesky_inverse, gram, mT
 from ...validation import is_real, positive_int, real_in
-from ..base import AtPoint, QuotientManifold
+from ..base import AtPoint, GroupAction, QuotientManifold
 from ..ode import rk4
 
 Tensor = torch.Tensor
+T = TypeVar("T")
 
-__all__ = ["Coefficients", "GLQuotient", "Products"]
+__all__ = ["Coefficients", "GLGroup", "GLQuotient", "GLTotalSpace", "Products", "blockwise"]
 
 FactorCoefficients = tuple[Tensor, Tensor, "Tensor | None"]
 Coefficients = tuple[FactorCoefficients, FactorCoefficients]
@@ -41,45 +54,87 @@ def _metric_class(metric) -> type[GLQuotient]:
     from .inv import GLInvQuotient
     from .mix import GLMixQuotient
 
+    return _choose(metric, GLInvQuotient, GLMixQuotient, InterpolatedGLQuotient)
+
+
+def _total_class(metric) -> type[GLTotalSpace]:
+    from .interpolated import InterpolatedTotalSpace
+    from .inv import InvTotalSpace
+    from .mix import MixTotalSpace
+
+    return _choose(metric, InvTotalSpace, MixTotalSpace, InterpolatedTotalSpace)
+
+
+def _choose(metric, inv: type[T], mix: type[T], interpolated: type[T]) -> type[T]:
     if isinstance(metric, str):
-        classes = {"inv": GLInvQuotient, "mix": GLMixQuotient}
+        classes = {"inv": inv, "mix": mix}
         if metric in classes:
             return classes[metric]
     elif is_real(metric):
-        return InterpolatedGLQuotient
+        return interpolated
     raise ValueError(f"metric must be 'inv', 'mix' or a number s in [0, 1], got {metric!r}")
 
 
-class GLQuotient(QuotientManifold):
-    r"""Quotient of full-rank factor pairs by ``GL(h)``: ``(G, H) ~ (G A⁻¹, H Aᵀ)``.
+def blockwise(
+    n: int, u: Tensor, W_G: Tensor, W_H: Tensor, add: Tensor | None = None, *, into: bool = False
+) -> Tensor:
+    """``(u_G W_G, u_H W_H)``, plus ``add`` if given, for ``h × h`` blocks ``W_G``, ``W_H`` and
+    ``u = [u_G; u_H]`` with ``n`` rows in ``u_G``.
+
+    ``into=True`` accumulates into ``add`` in place (a contiguous intermediate of the full
+    shape that the caller owns) and returns it. Memory traffic, not arithmetic, dominates
+    here: when ``G`` and ``H`` have the same shape, ``[G; H]`` is viewed as a batch of
+    ``2·heads`` factors and the result is a single batched product with the addition fused
+    in; otherwise the two row blocks are separate (strided) products.
+    """
+    rows, h = u.shape[-2:]
+    extra = () if add is None else (add.shape[:-2],)
+    batch = torch.broadcast_shapes(u.shape[:-2], W_G.shape[:-2], W_H.shape[:-2], *extra)
+    u = u.expand(*batch, rows, h)
+    W_G, W_H = W_G.expand(*batch, h, h), W_H.expand(*batch, h, h)
+    square = rows == 2 * n
+    if square:
+        W = torch.stack((W_G, W_H), dim=-3).reshape(-1, h, h)
+        u = u.reshape(-1, n, h)
+    if add is None:
+        if square:
+            return torch.bmm(u, W).view(*batch, rows, h)
+        return torch.cat((u[..., :n, :] @ W_G, u[..., n:, :] @ W_H), dim=-2)
+    if not into:
+        if square:
+            add = add.expand(*batch, rows, h).reshape(-1, n, h)
+            return torch.baddbmm(add, u, W).view(*batch, rows, h)
+        add = add.expand(*batch, rows, h).clone(memory_format=torch.contiguous_format)
+    if square:
+        add.view(-1, n, h).baddbmm_(u, W)
+    else:
+        flat, u = add.view(-1, rows, h), u.reshape(-1, rows, h)
+        flat[:, :n].baddbmm_(u[:, :n], W_G.reshape(-1, h, h))
+        flat[:, n:].baddbmm_(u[:, n:], W_H.reshape(-1, h, h))
+    return add
+
+
+class GLTotalSpace(QuotientManifold):
+    r"""The total space of the GL(h) quotients: full-rank pairs with an invariant metric.
 
     A point is one tensor ``x = [G; H]`` of shape ``(..., n+m, h)``, ``G`` its first ``n`` rows;
-    leading dimensions are batch dimensions (heads, layers). Vertical vectors are
-    ``(-G Ω, H Ωᵀ)``. Every metric here is a right multiplication
-    ``M(x) u = (u_G W_G, u_H W_H)`` by ``h × h`` SPD weights that transform as
-    ``W_G ↦ A W_G Aᵀ``, ``W_H ↦ A⁻ᵀ W_H A⁻¹``, hence invariant. With ``P = GᵀG + eps·I`` and
-    ``Q = HᵀH + eps·I``:
+    leading dimensions are batch dimensions (heads, layers). Every metric here is a right
+    multiplication ``M(x) u = (u_G W_G, u_H W_H)`` by ``h × h`` SPD weights that transform as
+    ``W_G ↦ A W_G Aᵀ``, ``W_H ↦ A⁻ᵀ W_H A⁻¹`` under ``(G, H) ↦ (G A⁻¹, H Aᵀ)``, hence invariant
+    under ``GL(h)`` and each of its subgroups. With ``P = GᵀG + eps·I`` and ``Q = HᵀH + eps·I``:
+    ``"inv"`` ``(P⁻¹, Q⁻¹)`` (:class:`~.inv.InvTotalSpace`), ``"mix"`` ``(Q, P)``
+    (:class:`~.mix.MixTotalSpace`), ``s ∈ [0, 1]`` ``(1-s)·inv + s·mix``
+    (:class:`~.interpolated.InterpolatedTotalSpace`); ``GLTotalSpace(n, metric)`` returns an
+    instance of the metric's class.
 
-    ==================  ======================================  ===========================
-    ``metric``          ``(W_G, W_H)``                          class
-    ==================  ======================================  ===========================
-    ``"inv"``           ``(P⁻¹, Q⁻¹)``                          :class:`GLInvQuotient`
-    ``"mix"``           ``(Q, P)``                              :class:`GLMixQuotient`
-    ``s ∈ [0, 1]``      ``(1-s)·inv + s·mix``                   :class:`InterpolatedGLQuotient`
-    ==================  ======================================  ===========================
-
-    ``GLQuotient(n, metric)`` returns an instance of the class of ``metric`` (as geoopt's
-    ``Stiefel(canonical=...)`` does). ``<η, ζ> = tr(W_G η_Gᵀ ζ_G) + tr(W_H η_Hᵀ ζ_H)``.
-
-    ``eps > 0`` is the relaxation of the paper's Appendix H.2 for (nearly) rank-deficient
-    factors: ``P``, ``Q`` are replaced by their relaxed versions in every formula, so the
-    action is then only approximately an isometry and the projection only approximately
-    idempotent. Use :meth:`at` to reuse the factorizations of a fixed base point.
-
-    Accuracy: the formulas factorize ``P`` and ``Q``, whose condition numbers are ``cond(G)²``
-    and ``cond(H)²``, so results carry relative errors of order ``cond² · eps`` of the dtype.
-    In float32 that is already 1 % at ``cond ≈ 300``; :meth:`check_point_on_manifold` refuses
-    points with ``cond² ≥ 1 / eps``. Compute in float64 or relax with ``eps > 0`` there.
+    This class holds everything that does not depend on the group: the layout (``split``,
+    ``join``, shape and rank checks), the cached ``P``, ``Q``, their Cholesky factors and
+    inverses, the metric and its inverse, the isotropic map, ``inner``, the Christoffel symbols
+    (closed form from each metric's :meth:`gamma_coefficients`), the second-order and exact
+    exponential maps and the geodesic (closed form for ``"inv"`` with ``eps = 0``, integrated in
+    the span of ``[F, u_F]`` otherwise). As a manifold on its own it is the quotient by the
+    trivial group (empty Lie algebra: every vector is horizontal). The quotients
+    (:class:`GLQuotient`, :class:`~.rotary.RotaryGLQuotient`) add the group.
 
     Args:
         n: number of rows of ``G`` (``m`` follows from the point's shape).
@@ -87,18 +142,18 @@ class GLQuotient(QuotientManifold):
         eps: Gram relaxation ``≥ 0``.
         exp_steps: RK4 steps of :meth:`geodesic` where it integrates; ``None`` (default)
             chooses them from the velocity for a stated accuracy.
-        dense_max: largest ``h²`` for which the generic projection (interpolated metric)
-            forms the normal equations densely.
+        dense_max: largest Lie-algebra dimension for which the generic projection forms the
+            normal equations densely.
     """
 
-    name = "GLQuotient"
+    name = "GLTotalSpace"
     ndim = 2
 
     def __new__(
         cls, n: int | None = None, metric: str | float | None = None, *args: Any, **kwargs: Any
-    ) -> GLQuotient:
-        if cls is GLQuotient:
-            cls = _metric_class("inv" if metric is None else metric)
+    ) -> GLTotalSpace:
+        if cls is GLTotalSpace:
+            cls = _total_class("inv" if metric is None else metric)
         return super().__new__(cls)  # pyright: ignore[reportArgumentType]  # the metric's class
 
     def __init__(
@@ -112,7 +167,7 @@ class GLQuotient(QuotientManifold):
     ):
         n = positive_int("n", n, "rows of G")
         eps = real_in("eps", eps, 0.0)
-        if metric is not None and not isinstance(self, _metric_class(metric)):
+        if metric is not None and not isinstance(self, _total_class(metric)):
             raise ValueError(f"{type(self).__name__} does not have the metric {metric!r}")
         super().__init__(exp_steps=exp_steps, dense_max=dense_max)
         self.n = n
@@ -121,18 +176,15 @@ class GLQuotient(QuotientManifold):
     def extra_repr(self) -> str:
         return f"n={self.n}, eps={self.eps}"
 
-    def with_metric(self, metric: str | float, *, eps: float | None = None) -> GLQuotient:
-        """``GLQuotient(n, metric)`` with this one's ``n``, steps and (unless given) ``eps``."""
-        return GLQuotient(
-            self.n,
-            metric,
-            self.eps if eps is None else eps,
-            exp_steps=self.exp_steps,
-            dense_max=self.dense_max,
-        )
+    # ------------------------------------------------------------------ the trivial group
+    def lie_shape(self, p: AtPoint) -> tuple[int, ...]:
+        """``(0,)``: no group acts on the total space itself."""
+        return (0,)
 
-    def group_name(self, shape: tuple[int, ...]) -> str:
-        return f"GL({shape[-1]})"
+    def vertical(self, p: AtPoint, omega: Tensor) -> Tensor:
+        """The only vertical vector of the trivial group, zero."""
+        batch = torch.broadcast_shapes(p.x.shape[:-2], omega.shape[:-1])
+        return p.x.new_zeros(*batch, *p.x.shape[-2:])
 
     # ------------------------------------------------------------------ layout
     def split(self, x: Tensor | AtPoint) -> tuple[Tensor, Tensor]:
@@ -194,14 +246,6 @@ class GLQuotient(QuotientManifold):
         """
         raise NotImplementedError(f"{type(self).__name__} defines no metric weights")
 
-    def lie_shape(self, p: AtPoint) -> tuple[int, int]:
-        h = p.x.shape[-1]
-        return (h, h)
-
-    def vertical(self, p: AtPoint, omega: Tensor) -> Tensor:
-        """``(-G Ω, H Ωᵀ)``."""
-        return self._blockwise(p.x, -omega, mT(omega))
-
     def metric(self, p: AtPoint, u: Tensor) -> Tensor:
         """``(u_G W_G, u_H W_H)``."""
         return self._blockwise(u, *self.weights(p))
@@ -226,25 +270,6 @@ class GLQuotient(QuotientManifold):
         return self.join(
             solve(LG, eG, upper=False, left=False), solve(LH, eH, upper=False, left=False)
         )
-
-    def act(self, x: Tensor, A: Tensor) -> Tensor:
-        """``(G, H) ↦ (G A⁻¹, H Aᵀ)`` for ``A`` of shape ``(..., h, h)``."""
-        G, H = self.split(x)
-        return self.join(torch.linalg.solve(A, G, left=False), H @ mT(A))
-
-    def push(self, x: Tensor, u: Tensor, A: Tensor) -> Tensor:
-        """Differential of the action: ``(ξ_G, ξ_H) ↦ (ξ_G A⁻¹, ξ_H Aᵀ)``."""
-        return self.act(u, A)
-
-    def random_group(
-        self, x: Tensor | AtPoint, *, generator: torch.Generator | None = None, scale: float = 1.0
-    ) -> Tensor:
-        """``A = scale · N``, ``N`` with standard Gaussian entries (invertible with probability
-        one, both components of GL(h)), one per batch entry of ``x``."""
-        x = x.x if isinstance(x, AtPoint) else x
-        h = x.shape[-1]
-        A = torch.randn(*x.shape[:-2], h, h, generator=generator, dtype=x.dtype, device=x.device)
-        return A.mul_(scale)
 
     # ------------------------------------------------------------------ closed forms
     def inner(
@@ -344,39 +369,8 @@ class GLQuotient(QuotientManifold):
     def _blockwise(
         self, u: Tensor, W_G: Tensor, W_H: Tensor, add: Tensor | None = None, *, into: bool = False
     ) -> Tensor:
-        """``(u_G W_G, u_H W_H)``, plus ``add`` if given, for ``h × h`` blocks ``W_G``, ``W_H``.
-
-        ``into=True`` accumulates into ``add`` in place (a contiguous intermediate of the full
-        shape that the caller owns) and returns it. Memory traffic, not arithmetic, dominates
-        here: when ``G`` and ``H`` have the same shape, ``[G; H]`` is viewed as a batch of
-        ``2·heads`` factors and the result is a single batched product with the addition fused
-        in; otherwise the two row blocks are separate (strided) products.
-        """
-        n, (rows, h) = self.n, u.shape[-2:]
-        extra = () if add is None else (add.shape[:-2],)
-        batch = torch.broadcast_shapes(u.shape[:-2], W_G.shape[:-2], W_H.shape[:-2], *extra)
-        u = u.expand(*batch, rows, h)
-        W_G, W_H = W_G.expand(*batch, h, h), W_H.expand(*batch, h, h)
-        square = rows == 2 * n
-        if square:
-            W = torch.stack((W_G, W_H), dim=-3).reshape(-1, h, h)
-            u = u.reshape(-1, n, h)
-        if add is None:
-            if square:
-                return torch.bmm(u, W).view(*batch, rows, h)
-            return self.join(u[..., :n, :] @ W_G, u[..., n:, :] @ W_H)
-        if not into:
-            if square:
-                add = add.expand(*batch, rows, h).reshape(-1, n, h)
-                return torch.baddbmm(add, u, W).view(*batch, rows, h)
-            add = add.expand(*batch, rows, h).clone(memory_format=torch.contiguous_format)
-        if square:
-            add.view(-1, n, h).baddbmm_(u, W)
-        else:
-            flat, u = add.view(-1, rows, h), u.reshape(-1, rows, h)
-            flat[:, :n].baddbmm_(u[:, :n], W_G.reshape(-1, h, h))
-            flat[:, n:].baddbmm_(u[:, n:], W_H.reshape(-1, h, h))
-        return add
+        """:func:`blockwise` with this space's ``n``: ``(u_G W_G, u_H W_H)`` (+ ``add``)."""
+        return blockwise(self.n, u, W_G, W_H, add, into=into)
 
     # ------------------------------------------------------------------ points
     def _check_point_on_manifold(self, x, *, atol=1e-5, rtol=1e-5):
@@ -427,3 +421,134 @@ class GLQuotient(QuotientManifold):
         rows, h = size[-2], size[-1]
         eye = lambda r: torch.eye(r, h, dtype=dtype, device=device)  # noqa: E731
         return torch.cat([eye(self.n), eye(rows - self.n)], dim=-2).expand(*size).clone()
+
+
+class GLGroup:
+    r"""``GL(h)`` acting on pairs ``x = [G; H]`` (``n`` rows in ``G``) by
+    ``(G, H) ↦ (G A⁻¹, H Aᵀ)``.
+
+    Lie algebra ``gl(h)`` (``Ω`` of shape ``(h, h)``), vertical vectors ``(-G Ω, H Ωᵀ)``; the
+    differential of the action is the same map on tangent vectors. Subgroups
+    (:class:`~.rotary.RotaryGroup`) refine the Lie algebra and keep the action.
+    """
+
+    def __init__(self, n: int):
+        self.n = positive_int("n", n, "rows of G")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(n={self.n})"
+
+    def lie_shape(self, p: AtPoint) -> tuple[int, ...]:
+        h = p.x.shape[-1]
+        return (h, h)
+
+    def vertical(self, p: AtPoint, omega: Tensor) -> Tensor:
+        """``(-G Ω, H Ωᵀ)``."""
+        return blockwise(self.n, p.x, -omega, mT(omega))
+
+    def precondition(self, p: AtPoint, r: Tensor) -> Tensor:
+        """The identity (the metric's quotient class may know the normal operator's inverse)."""
+        return r
+
+    def act(self, x: Tensor, A: Tensor) -> Tensor:
+        """``(G, H) ↦ (G A⁻¹, H Aᵀ)`` for ``A`` of shape ``(..., h, h)``."""
+        G, H = x[..., : self.n, :], x[..., self.n :, :]
+        return torch.cat((torch.linalg.solve(A, G, left=False), H @ mT(A)), dim=-2)
+
+    def push(self, x: Tensor, u: Tensor, A: Tensor) -> Tensor:
+        """Differential of the action: ``(ξ_G, ξ_H) ↦ (ξ_G A⁻¹, ξ_H Aᵀ)``."""
+        return self.act(u, A)
+
+    def random_group(
+        self, x: Tensor | AtPoint, *, generator: torch.Generator | None = None, scale: float = 1.0
+    ) -> Tensor:
+        """``A = scale · N``, ``N`` with standard Gaussian entries (invertible with probability
+        one, both components of GL(h)), one per batch entry of ``x``."""
+        x = x.x if isinstance(x, AtPoint) else x
+        h = x.shape[-1]
+        A = torch.randn(*x.shape[:-2], h, h, generator=generator, dtype=x.dtype, device=x.device)
+        return A.mul_(scale)
+
+    def group_name(self, shape: tuple[int, ...]) -> str:
+        return f"GL({shape[-1]})"
+
+
+class GLQuotient(GroupAction, GLTotalSpace):
+    r"""Quotient of full-rank factor pairs by ``GL(h)``: ``(G, H) ~ (G A⁻¹, H Aᵀ)``.
+
+    A point is one tensor ``x = [G; H]`` of shape ``(..., n+m, h)``, ``G`` its first ``n`` rows;
+    leading dimensions are batch dimensions (heads, layers). Vertical vectors are
+    ``(-G Ω, H Ωᵀ)``. Every metric here is a right multiplication
+    ``M(x) u = (u_G W_G, u_H W_H)`` by ``h × h`` SPD weights that transform as
+    ``W_G ↦ A W_G Aᵀ``, ``W_H ↦ A⁻ᵀ W_H A⁻¹``, hence invariant. With ``P = GᵀG + eps·I`` and
+    ``Q = HᵀH + eps·I``:
+
+    ==================  ======================================  ===========================
+    ``metric``          ``(W_G, W_H)``                          class
+    ==================  ======================================  ===========================
+    ``"inv"``           ``(P⁻¹, Q⁻¹)``                          :class:`GLInvQuotient`
+    ``"mix"``           ``(Q, P)``                              :class:`GLMixQuotient`
+    ``s ∈ [0, 1]``      ``(1-s)·inv + s·mix``                   :class:`InterpolatedGLQuotient`
+    ==================  ======================================  ===========================
+
+    ``GLQuotient(n, metric)`` returns an instance of the class of ``metric`` (as geoopt's
+    ``Stiefel(canonical=...)`` does). ``<η, ζ> = tr(W_G η_Gᵀ ζ_G) + tr(W_H η_Hᵀ ζ_H)``.
+
+    ``eps > 0`` is the relaxation of the paper's Appendix H.2 for (nearly) rank-deficient
+    factors: ``P``, ``Q`` are replaced by their relaxed versions in every formula, so the
+    action is then only approximately an isometry and the projection only approximately
+    idempotent. Use :meth:`at` to reuse the factorizations of a fixed base point.
+
+    Composition: everything that does not involve the group (layout, metric, Christoffel
+    symbols, geodesics) is the metric's :class:`GLTotalSpace`, which each metric's class
+    inherits; the group primitives (``lie_shape``, ``vertical``, ``act``, ``push``,
+    ``random_group``, ``group_name``) come from :attr:`group`, a :class:`GLGroup`.
+
+    Accuracy: the formulas factorize ``P`` and ``Q``, whose condition numbers are ``cond(G)²``
+    and ``cond(H)²``, so results carry relative errors of order ``cond² · eps`` of the dtype.
+    In float32 that is already 1 % at ``cond ≈ 300``; :meth:`check_point_on_manifold` refuses
+    points with ``cond² ≥ 1 / eps``. Compute in float64 or relax with ``eps > 0`` there.
+
+    Args:
+        n: number of rows of ``G`` (``m`` follows from the point's shape).
+        metric: ``"inv"`` (default), ``"mix"`` or the interpolation weight ``s``.
+        eps: Gram relaxation ``≥ 0``.
+        exp_steps: RK4 steps of :meth:`geodesic` where it integrates; ``None`` (default)
+            chooses them from the velocity for a stated accuracy.
+        dense_max: largest ``h²`` for which the generic projection (interpolated metric)
+            forms the normal equations densely.
+    """
+
+    name = "GLQuotient"
+    ndim = 2
+
+    def __new__(
+        cls, n: int | None = None, metric: str | float | None = None, *args: Any, **kwargs: Any
+    ) -> GLQuotient:
+        if cls is GLQuotient:
+            cls = _metric_class("inv" if metric is None else metric)
+        return super().__new__(cls)  # pyright: ignore[reportArgumentType, reportReturnType]
+
+    def __init__(
+        self,
+        n: int,
+        metric: str | float | None = None,
+        eps: float = 0.0,
+        *,
+        exp_steps: int | None = None,
+        dense_max: int = 64,
+    ):
+        # the metric's total space (next in the method order) initialises the geometry
+        named: dict[str, Any] = {} if metric is None else {"metric": metric}
+        super().__init__(n, eps=eps, exp_steps=exp_steps, dense_max=dense_max, **named)
+        self.set_group(GLGroup(self.n))
+
+    def with_metric(self, metric: str | float, *, eps: float | None = None) -> GLQuotient:
+        """``GLQuotient(n, metric)`` with this one's ``n``, steps and (unless given) ``eps``."""
+        return GLQuotient(
+            self.n,
+            metric,
+            self.eps if eps is None else eps,
+            exp_steps=self.exp_steps,
+            dense_max=self.dense_max,
+        )

@@ -1,4 +1,4 @@
-r"""GL(h) two-factor quotient with the interpolated metric ``(1-s)·inv + s·mix``."""
+r"""The interpolated metric ``(1-s)·inv + s·mix``: its total space and GL(h) quotient."""
 
 from __future__ import annotations
 
@@ -7,22 +7,21 @@ import torch
 from ...linalg import cholesky, cholesky_inverse
 from ...validation import real_in
 from ..base import AtPoint
-from .base import Coefficients, GLQuotient, Products
+from .base import Coefficients, GLQuotient, GLTotalSpace, Products
 from .inv import inv_coefficients
 from .mix import mix_coefficients
 
 Tensor = torch.Tensor
 
-__all__ = ["InterpolatedGLQuotient"]
+__all__ = ["InterpolatedGLQuotient", "InterpolatedTotalSpace"]
 
 
-class InterpolatedGLQuotient(GLQuotient):
-    r"""``GLQuotient(n, s)``: weights ``W_G = (1-s) P⁻¹ + s Q``, ``W_H = (1-s) Q⁻¹ + s P``.
+class InterpolatedTotalSpace(GLTotalSpace):
+    r"""``GLTotalSpace(n, s)``: weights ``W_G = (1-s) P⁻¹ + s Q``, ``W_H = (1-s) Q⁻¹ + s P``.
 
     The metric-spectrum ablation: ``s = 0`` is the ``"inv"`` metric, ``s = 1`` the ``"mix"``
-    metric. ``M(x)⁻¹ v = (v_G W_G⁻¹, v_H W_H⁻¹)`` (``W`` SPD, inverted by Cholesky). The
-    projection comes from the generic base (normal equations of the ``h²``-dimensional vertical
-    space, solved by conjugate gradients when ``h² > dense_max``).
+    metric. ``M(x)⁻¹ v = (v_G W_G⁻¹, v_H W_H⁻¹)`` (``W`` SPD, inverted by Cholesky). Geodesics
+    are integrated in the span of ``[F, ξ_F]`` (:meth:`GLTotalSpace.geodesic`).
 
     Christoffel symbols in closed form: ``Γ(u, u) = M⁻¹ [DM(x)[u] u - ½ ∇ₓ(uᵀ M(x) u)]`` and the
     bracket is linear in the metric, so with ``M_inv Γ_inv = (Γ_inv,G P⁻¹, Γ_inv,H Q⁻¹)`` and
@@ -33,12 +32,12 @@ class InterpolatedGLQuotient(GLQuotient):
     Args:
         n: number of rows of ``G``.
         metric: the interpolation weight ``s ∈ [0, 1]``.
-        eps: Gram relaxation ``≥ 0``, as for :class:`GLQuotient`.
-        exp_steps: RK4 steps of :meth:`expmap`, as for :class:`GLQuotient`.
-        dense_max: as for :class:`GLQuotient`.
+        eps: Gram relaxation ``≥ 0``, as for :class:`GLTotalSpace`.
+        exp_steps: RK4 steps of :meth:`expmap`, as for :class:`GLTotalSpace`.
+        dense_max: as for :class:`GLTotalSpace`.
     """
 
-    name = "InterpolatedGLQuotient"
+    name = "InterpolatedTotalSpace"
 
     def __init__(
         self,
@@ -95,3 +94,21 @@ class InterpolatedGLQuotient(GLQuotient):
         if self.s == 0.0:
             return self._blockwise(v, *self.grams(p))
         return super().metric_inv(p, v)
+
+
+class InterpolatedGLQuotient(GLQuotient, InterpolatedTotalSpace):
+    r"""``GLQuotient(n, s)``: :class:`InterpolatedTotalSpace` by ``GL(h)``.
+
+    The projection comes from the generic base (normal equations of the ``h²``-dimensional
+    vertical space, solved by conjugate gradients when ``h² > dense_max``); metric, ``M⁻¹``,
+    Christoffel symbols and geodesics from :class:`InterpolatedTotalSpace`.
+
+    Args:
+        n: number of rows of ``G``.
+        metric: the interpolation weight ``s ∈ [0, 1]`` (default ``0.5``).
+        eps: Gram relaxation ``≥ 0``, as for :class:`GLQuotient`.
+        exp_steps: RK4 steps of :meth:`expmap`, as for :class:`GLQuotient`.
+        dense_max: as for :class:`GLQuotient`.
+    """
+
+    name = "InterpolatedGLQuotient"

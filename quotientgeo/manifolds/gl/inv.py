@@ -1,4 +1,4 @@
-r"""GL(h) quotient with the ``inv`` metric ``tr(P⁻¹ η_Gᵀ ζ_G) + tr(Q⁻¹ η_Hᵀ ζ_H)``."""
+r"""The ``inv`` metric ``tr(P⁻¹ η_Gᵀ ζ_G) + tr(Q⁻¹ η_Hᵀ ζ_H)``: total space and GL(h) quotient."""
 
 from __future__ import annotations
 
@@ -6,28 +6,28 @@ import torch
 
 from ...linalg import expm, mT, solve_sylvester, sylvester_basis, sym
 from ..base import AtPoint
-from .base import Coefficients, GLQuotient, Products
+from .base import Coefficients, GLQuotient, GLTotalSpace, Products
 
 Tensor = torch.Tensor
 
-__all__ = ["GLInvQuotient"]
+__all__ = ["GLInvQuotient", "InvTotalSpace"]
 
 
-class GLInvQuotient(GLQuotient):
-    r"""``GLQuotient(n, "inv")``: weights ``(W_G, W_H) = (P⁻¹, Q⁻¹)``.
+class InvTotalSpace(GLTotalSpace):
+    r"""``GLTotalSpace(n, "inv")``: weights ``(W_G, W_H) = (P⁻¹, Q⁻¹)``.
 
-    - horizontal space ``ξ_Gᵀ G Q = P Hᵀ ξ_H``; projection ``(ξ_G + G Λ, ξ_H - H Λᵀ)`` with
-      ``Λ = Xᵀ``, ``A X + X A = B``, ``A = P Q``, ``B = P Hᵀ ξ_H - ξ_Gᵀ G Q``, solved in the
-      eigenbasis of ``A = V diag(d) V⁻¹`` (``P = L Lᵀ``, ``Lᵀ Q L = U diag(d) Uᵀ``, ``V = L U``);
-    - ``M⁻¹ v = (v_G P, v_H Q)``, Riemannian gradient ``proj(∇_G P, ∇_H Q)``;
+    - ``M⁻¹ v = (v_G P, v_H Q)``;
     - isotropic map ``(e_G L_Pᵀ, e_H L_Qᵀ)``;
     - Christoffel contraction, G part (H part: ``(G, P) ↔ (H, Q)``):
       ``Γ_G(ξ, ξ) = -ξ_G P⁻¹ (ξ_Gᵀ G + Gᵀ ξ_G) + G P⁻¹ ξ_Gᵀ ξ_G``;
     - geodesics in closed form for ``eps = 0`` (:func:`inv_geodesic`, per factor), else
-      integrated in the span of ``[F, ξ_F]`` (:meth:`GLQuotient.geodesic`).
+      integrated in the span of ``[F, ξ_F]`` (:meth:`GLTotalSpace.geodesic`). The metric is
+      invariant under all of ``GL(h)``, so these are the geodesics of every quotient of this
+      space (:class:`GLInvQuotient`, the rotary quotient with the ``"inv"`` metric): one closed
+      form for all of them.
     """
 
-    name = "GLQuotient"
+    name = "InvTotalSpace"
     metric_name = "inv"
 
     def extra_repr(self) -> str:
@@ -46,19 +46,6 @@ class GLInvQuotient(GLQuotient):
         LP, LQ = self.cholesky_factors(p)
         return self._blockwise(e, mT(LP), mT(LQ))
 
-    def proju(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
-        """``(ξ_G + G Λ, ξ_H - H Λᵀ)``, ``Λ`` from the Sylvester equation (class docstring)."""
-        p = self.at(x)
-        self._check_vector(p, u)
-        G, H = self.split(p)
-        uG, uH = self.split(u)
-        P, Q = self.grams(p)
-        # factorizing Q too costs little and is what detects a rank-deficient H
-        basis = p.cached("sylvester", lambda: sylvester_basis(P, Q, self.cholesky_factors(p)[0]))
-        B = P @ (mT(H) @ uH) - mT(mT(G) @ uG) @ Q
-        Lam = mT(solve_sylvester(basis, B))
-        return self._blockwise(p.x, Lam, -mT(Lam), add=u)
-
     @property
     def closed_form_geodesic(self) -> bool:  # type: ignore[override]
         """Closed form for ``eps = 0`` (the relaxed metric is integrated)."""
@@ -69,7 +56,7 @@ class GLInvQuotient(GLQuotient):
     ) -> tuple[Tensor, Tensor]:
         """``(γ(t), γ'(t))``: closed form per factor (:func:`inv_geodesic`) for ``eps = 0``
         (``steps`` unused); with ``eps > 0`` the relaxed metric is not GL(h)-invariant and the
-        geodesic is integrated (:meth:`GLQuotient.geodesic`)."""
+        geodesic is integrated (:meth:`GLTotalSpace.geodesic`)."""
         if self.eps:
             return super().geodesic(x, u, t, steps=steps)
         p = self.at(x)
@@ -85,6 +72,33 @@ class GLInvQuotient(GLQuotient):
     def gamma_coefficients(self, k: Products, same: bool) -> Coefficients:
         """:func:`inv_coefficients`."""
         return inv_coefficients(k, same)
+
+
+class GLInvQuotient(GLQuotient, InvTotalSpace):
+    r"""``GLQuotient(n, "inv")``: :class:`InvTotalSpace` by ``GL(h)``.
+
+    - horizontal space ``ξ_Gᵀ G Q = P Hᵀ ξ_H``; projection ``(ξ_G + G Λ, ξ_H - H Λᵀ)`` with
+      ``Λ = Xᵀ``, ``A X + X A = B``, ``A = P Q``, ``B = P Hᵀ ξ_H - ξ_Gᵀ G Q``, solved in the
+      eigenbasis of ``A = V diag(d) V⁻¹`` (``P = L Lᵀ``, ``Lᵀ Q L = U diag(d) Uᵀ``, ``V = L U``);
+    - Riemannian gradient ``proj(∇_G P, ∇_H Q)``;
+    - metric, ``M⁻¹``, isotropic map, Christoffel symbols and the closed-form geodesic
+      (``eps = 0``) from :class:`InvTotalSpace`.
+    """
+
+    name = "GLQuotient"
+
+    def proju(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
+        """``(ξ_G + G Λ, ξ_H - H Λᵀ)``, ``Λ`` from the Sylvester equation (class docstring)."""
+        p = self.at(x)
+        self._check_vector(p, u)
+        G, H = self.split(p)
+        uG, uH = self.split(u)
+        P, Q = self.grams(p)
+        # factorizing Q too costs little and is what detects a rank-deficient H
+        basis = p.cached("sylvester", lambda: sylvester_basis(P, Q, self.cholesky_factors(p)[0]))
+        B = P @ (mT(H) @ uH) - mT(mT(G) @ uG) @ Q
+        Lam = mT(solve_sylvester(basis, B))
+        return self._blockwise(p.x, Lam, -mT(Lam), add=u)
 
 
 def inv_coefficients(k: Products, same: bool) -> Coefficients:

@@ -1,4 +1,4 @@
-r"""GL(h) quotient with the ``mix`` metric ``tr(Q η_Gᵀ ζ_G) + tr(P η_Hᵀ ζ_H)``."""
+r"""The ``mix`` metric ``tr(Q η_Gᵀ ζ_G) + tr(P η_Hᵀ ζ_H)``: its total space and GL(h) quotient."""
 
 from __future__ import annotations
 
@@ -6,25 +6,24 @@ import torch
 
 from ...linalg import mT, sym
 from ..base import AtPoint
-from .base import Coefficients, GLQuotient, Products
+from .base import Coefficients, GLQuotient, GLTotalSpace, Products
 
 Tensor = torch.Tensor
 
-__all__ = ["GLMixQuotient"]
+__all__ = ["GLMixQuotient", "MixTotalSpace"]
 
 
-class GLMixQuotient(GLQuotient):
-    r"""``GLQuotient(n, "mix")``: weights ``(W_G, W_H) = (Q, P)``.
+class MixTotalSpace(GLTotalSpace):
+    r"""``GLTotalSpace(n, "mix")``: weights ``(W_G, W_H) = (Q, P)``.
 
-    - horizontal space ``Gᵀ ξ_G Q = P ξ_Hᵀ H``; projection ``(ξ_G + G Λ, ξ_H - H Λᵀ)`` with
-      ``Λ = ½ (ξ_Hᵀ H Q⁻¹ - P⁻¹ Gᵀ ξ_G)``;
-    - ``M⁻¹ v = (v_G Q⁻¹, v_H P⁻¹)``, Riemannian gradient ``proj(∇_G Q⁻¹, ∇_H P⁻¹)``;
+    - ``M⁻¹ v = (v_G Q⁻¹, v_H P⁻¹)``;
     - isotropic map ``(e_G L_Q⁻¹, e_H L_P⁻¹)``;
     - Christoffel contraction, G part (H part: ``(G, P) ↔ (H, Q)``):
-      ``Γ_G(ξ, ξ) = ξ_G (ξ_Hᵀ H + Hᵀ ξ_H) Q⁻¹ - G ξ_Hᵀ ξ_H Q⁻¹``.
+      ``Γ_G(ξ, ξ) = ξ_G (ξ_Hᵀ H + Hᵀ ξ_H) Q⁻¹ - G ξ_Hᵀ ξ_H Q⁻¹``;
+    - geodesics integrated in the span of ``[F, ξ_F]`` (:meth:`GLTotalSpace.geodesic`).
     """
 
-    name = "GLQuotient"
+    name = "MixTotalSpace"
     metric_name = "mix"
 
     def extra_repr(self) -> str:
@@ -49,6 +48,22 @@ class GLMixQuotient(GLQuotient):
             solve(LQ, eG, upper=False, left=False), solve(LP, eH, upper=False, left=False)
         )
 
+    def gamma_coefficients(self, k: Products, same: bool) -> Coefficients:
+        """:func:`mix_coefficients`."""
+        return mix_coefficients(k, same)
+
+
+class GLMixQuotient(GLQuotient, MixTotalSpace):
+    r"""``GLQuotient(n, "mix")``: :class:`MixTotalSpace` by ``GL(h)``.
+
+    - horizontal space ``Gᵀ ξ_G Q = P ξ_Hᵀ H``; projection ``(ξ_G + G Λ, ξ_H - H Λᵀ)`` with
+      ``Λ = ½ (ξ_Hᵀ H Q⁻¹ - P⁻¹ Gᵀ ξ_G)``;
+    - Riemannian gradient ``proj(∇_G Q⁻¹, ∇_H P⁻¹)``;
+    - metric, ``M⁻¹``, isotropic map and Christoffel symbols from :class:`MixTotalSpace`.
+    """
+
+    name = "GLQuotient"
+
     def precondition(self, p: AtPoint, r: Tensor) -> Tensor:
         """``½ P⁻¹ r Q⁻¹``, the exact inverse of ``V* M V: Ω ↦ 2 P Ω Q`` (at ``eps = 0``)."""
         P_inv, Q_inv = self.inverses(p)
@@ -63,10 +78,6 @@ class GLMixQuotient(GLQuotient):
         P_inv, Q_inv = self.inverses(p)
         Lam = 0.5 * ((mT(uH) @ H) @ Q_inv - P_inv @ (mT(G) @ uG))
         return self._blockwise(p.x, Lam, -mT(Lam), add=u)
-
-    def gamma_coefficients(self, k: Products, same: bool) -> Coefficients:
-        """:func:`mix_coefficients`."""
-        return mix_coefficients(k, same)
 
 
 def mix_coefficients(k: Products, same: bool) -> Coefficients:

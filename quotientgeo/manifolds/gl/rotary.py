@@ -11,30 +11,122 @@ subgroup of ``GL(h)`` (``h = r + u``, ``r`` rotated coordinates).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from ...linalg import cholesky, gram, mT, tensor_sum
 from ...validation import integer
-from ..base import AtPoint, QuotientManifold
-from .base import GLQuotient
+from ..base import AtPoint, Quotient
+from .base import GLGroup, GLQuotient
 
 Tensor = torch.Tensor
 
-__all__ = ["RotaryGLQuotient"]
+__all__ = ["RotaryGLQuotient", "RotaryGroup"]
 
 PAIRINGS = ("half", "interleaved")
 
 
-class RotaryGLQuotient(QuotientManifold):
+class RotaryGroup(GLGroup):
+    r"""The rotary subgroup ``(C*)^{r/2} × GL(u)`` of ``GL(h)``, acting as :class:`GLGroup`.
+
+    Its Lie algebra ``𝔰`` has the coordinates ``ω = (a, b, vec Ω_u)`` (``r + u²`` numbers):
+    ``[[a_j, -b_j], [b_j, a_j]]`` on each rotated pair, ``Ω_u`` on the ``u`` unrotated
+    coordinates, zero elsewhere (:meth:`algebra`); vertical vectors ``(-G Ω, H Ωᵀ)``,
+    ``Ω = algebra(ω)``. Pairs and ``r`` as in :class:`RotaryGLQuotient`.
+    """
+
+    def __init__(self, n: int, rotary_dims: int | None = None, pairing: str = "half"):
+        if rotary_dims is not None:
+            rotary_dims = integer("rotary_dims", rotary_dims)
+            if rotary_dims < 2 or rotary_dims % 2:
+                raise ValueError(f"rotary_dims must be an even number >= 2, got {rotary_dims}")
+        if pairing not in PAIRINGS:
+            raise ValueError(f"pairing must be one of {PAIRINGS}, got {pairing!r}")
+        super().__init__(n)
+        self.rotary_dims = rotary_dims
+        self.pairing = pairing
+
+    def __repr__(self) -> str:
+        return f"RotaryGroup(n={self.n}, rotary_dims={self.rotary_dims}, pairing={self.pairing!r})"
+
+    def check_shape(self, shape: tuple[int, ...], name: str) -> tuple[bool, str | None]:
+        """``(ok, reason)``: ``h`` must hold the rotated coordinates (an even number of them)."""
+        h = shape[-1]
+        if self.rotary_dims is None and h % 2:
+            return False, f"{name} has an odd number h={h} of columns; all cannot be rotated"
+        if self.rotary_dims is not None and self.rotary_dims > h:
+            return False, f"{name} has h={h} columns, fewer than rotary_dims={self.rotary_dims}"
+        return True, None
+
+    def group_name(self, shape: tuple[int, ...]) -> str:
+        h = shape[-1]
+        r = h if self.rotary_dims is None else self.rotary_dims
+        return f"(C*)^{r // 2}" + (f" × GL({h - r})" if h > r else "")
+
+    def coordinates(
+        self, h: int, device: torch.device | str | None = None
+    ) -> tuple[Tensor, int, int]:
+        """``(order, m, u)``: coordinate indices ordered (first of each of the ``m`` pairs,
+        second of each pair, the ``u`` unrotated ones)."""
+        r = h if self.rotary_dims is None else self.rotary_dims
+        m = r // 2
+        j = torch.arange(m, device=device)
+        first, second = (j, j + m) if self.pairing == "half" else (2 * j, 2 * j + 1)
+        order = torch.cat([first, second, torch.arange(r, h, device=device)])
+        return order, m, h - r
+
+    def lie_shape(self, p: AtPoint) -> tuple[int]:
+        _, m, u = self.coordinates(p.x.shape[-1])
+        return (2 * m + u * u,)
+
+    def algebra(self, omega: Tensor, h: int) -> Tensor:
+        """``ω = (a, b, vec Ω_u)`` ``(..., r + u²)`` -> ``Ω ∈ 𝔰`` ``(..., h, h)``: ``[[a, -b],
+        [b, a]]`` on each pair, ``Ω_u`` on the unrotated coordinates, zero elsewhere."""
+        order, m, u = self.coordinates(h, omega.device)
+        a, b = omega[..., :m], omega[..., m : 2 * m]
+        blocks = torch.cat(
+            [
+                torch.cat([torch.diag_embed(a), -torch.diag_embed(b)], dim=-1),
+                torch.cat([torch.diag_embed(b), torch.diag_embed(a)], dim=-1),
+            ],
+            dim=-2,
+        )
+        lead = omega.shape[:-1]
+        free = omega[..., 2 * m :].reshape(*lead, u, u)
+        top = torch.cat([blocks, blocks.new_zeros(*lead, 2 * m, u)], dim=-1)
+        bottom = torch.cat([free.new_zeros(*lead, u, 2 * m), free], dim=-1)
+        standard = torch.cat([top, bottom], dim=-2)
+        back = torch.argsort(order)
+        return standard[..., back, :][..., :, back]
+
+    def vertical(self, p: AtPoint, omega: Tensor) -> Tensor:
+        """``(-G Ω, H Ωᵀ)`` with ``Ω = algebra(ω)``."""
+        return super().vertical(p, self.algebra(omega, p.x.shape[-1]))
+
+    def random_group(
+        self, x: Tensor | AtPoint, *, generator: torch.Generator | None = None, scale: float = 1.0
+    ) -> Tensor:
+        """``A = scale · algebra(ω)``, ``ω`` standard Gaussian: random complex scalings on the
+        pairs and a Gaussian ``GL(u)`` block (invertible with probability one)."""
+        x = x.x if isinstance(x, AtPoint) else x
+        h = x.shape[-1]
+        _, m, u = self.coordinates(h)
+        omega = torch.randn(
+            *x.shape[:-2], 2 * m + u * u, generator=generator, dtype=x.dtype, device=x.device
+        )
+        return self.algebra(omega, h).mul_(scale)
+
+
+class RotaryGLQuotient(Quotient):
     r"""Quotient of GL pairs ``x = [G; H]`` by the rotary subgroup ``(C*)^{r/2} × GL(u)``.
 
     The metric is a GL(h)-invariant metric of :class:`GLQuotient` (``"inv"``, ``"mix"`` or
     ``s``); it is invariant under the subgroup too, so it descends to this (larger) quotient.
-    The metric, Christoffel symbols and geodesics of the total space are those of
-    :attr:`gl`; only the vertical space shrinks to ``{(-G Ω, H Ωᵀ) : Ω ∈ 𝔰}`` with ``𝔰`` the
-    commutant of the rotations, so the horizontal space and the projection change.
+    A :class:`~quotientgeo.manifolds.base.Quotient` of the GL total space by
+    :class:`RotaryGroup`: the metric, Christoffel symbols and geodesics (closed form for
+    ``"inv"`` with ``eps = 0``) are those of the total space, which is :attr:`gl` (the GL(h)
+    quotient of the same metric inherits its total space, and both share one point cache); only
+    the vertical space shrinks to ``{(-G Ω, H Ωᵀ) : Ω ∈ 𝔰}`` with ``𝔰`` the commutant of the
+    rotations, so the horizontal space and the projection change.
 
     Coordinate pairs (``pairing``): ``"half"`` pairs ``j`` with ``j + r/2`` (Hugging Face's
     ``rotate_half``: Llama, Mistral, Qwen, Gemma, Phi-3, GPT-NeoX), ``"interleaved"`` pairs
@@ -82,25 +174,17 @@ class RotaryGLQuotient(QuotientManifold):
         pairing: str = "half",
         exp_steps: int | None = None,
     ):
-        if rotary_dims is not None:
-            rotary_dims = integer("rotary_dims", rotary_dims)
-            if rotary_dims < 2 or rotary_dims % 2:
-                raise ValueError(f"rotary_dims must be an even number >= 2, got {rotary_dims}")
-        if pairing not in PAIRINGS:
-            raise ValueError(f"pairing must be one of {PAIRINGS}, got {pairing!r}")
-        super().__init__(exp_steps=exp_steps)
-        self.gl: GLQuotient = GLQuotient(n, metric, eps, exp_steps=exp_steps)
-        self.rotary_dims = rotary_dims
-        self.pairing = pairing
+        group = RotaryGroup(n, rotary_dims, pairing)
+        gl = GLQuotient(n, metric, eps, exp_steps=exp_steps)
+        super().__init__(gl, group, exp_steps=exp_steps)
+        self.gl: GLQuotient = gl
+        self.rotary_dims = group.rotary_dims
+        self.pairing = group.pairing
+        self._rotary: RotaryGroup = group
 
     @property
     def n(self) -> int:
         return self.gl.n
-
-    @property
-    def closed_form_geodesic(self) -> bool:  # type: ignore[override]
-        """The total space's: closed form for ``"inv"`` with ``eps = 0``."""
-        return self.gl.closed_form_geodesic
 
     def extra_repr(self) -> str:
         return f"{self.gl.extra_repr()}, rotary_dims={self.rotary_dims}, pairing={self.pairing!r}"
@@ -116,138 +200,21 @@ class RotaryGLQuotient(QuotientManifold):
             exp_steps=self.exp_steps,
         )
 
-    def group_name(self, shape: tuple[int, ...]) -> str:
-        h = shape[-1]
-        r = h if self.rotary_dims is None else self.rotary_dims
-        return f"(C*)^{r // 2}" + (f" × GL({h - r})" if h > r else "")
-
-    # ------------------------------------------------------------------ layout
-    def at(self, x: Tensor | AtPoint) -> AtPoint:
-        """The point, cached on :attr:`gl`'s :class:`AtPoint` (both fill the same cache)."""
-        ok, reason = self._check_shape((x.x if isinstance(x, AtPoint) else x).shape, "x")
-        if not ok:
-            raise ValueError(reason)
-        return self.gl.at(x)
-
     def _check_shape(self, shape, name):
         ok, reason = self.gl._check_shape(shape, name)
         if not ok:
             return ok, reason
-        h = shape[-1]
-        if self.rotary_dims is None and h % 2:
-            return False, f"{name} has an odd number h={h} of columns; all cannot be rotated"
-        if self.rotary_dims is not None and self.rotary_dims > h:
-            return False, f"{name} has h={h} columns, fewer than rotary_dims={self.rotary_dims}"
-        return True, None
-
-    def _check_point_on_manifold(self, x, *, atol=1e-5, rtol=1e-5):
-        return self.gl._check_point_on_manifold(x, atol=atol, rtol=rtol)
+        return self._rotary.check_shape(shape, name)
 
     def coordinates(
         self, h: int, device: torch.device | str | None = None
     ) -> tuple[Tensor, int, int]:
-        """``(order, m, u)``: coordinate indices ordered (first of each of the ``m`` pairs,
-        second of each pair, the ``u`` unrotated ones)."""
-        r = h if self.rotary_dims is None else self.rotary_dims
-        m = r // 2
-        j = torch.arange(m, device=device)
-        first, second = (j, j + m) if self.pairing == "half" else (2 * j, 2 * j + 1)
-        order = torch.cat([first, second, torch.arange(r, h, device=device)])
-        return order, m, h - r
-
-    # ------------------------------------------------------------------ primitives
-    def lie_shape(self, p: AtPoint) -> tuple[int]:
-        _, m, u = self.coordinates(p.x.shape[-1])
-        return (2 * m + u * u,)
+        """The group's :meth:`RotaryGroup.coordinates`."""
+        return self._rotary.coordinates(h, device)
 
     def algebra(self, omega: Tensor, h: int) -> Tensor:
-        """``ω = (a, b, vec Ω_u)`` ``(..., r + u²)`` -> ``Ω ∈ 𝔰`` ``(..., h, h)``: ``[[a, -b],
-        [b, a]]`` on each pair, ``Ω_u`` on the unrotated coordinates, zero elsewhere."""
-        order, m, u = self.coordinates(h, omega.device)
-        a, b = omega[..., :m], omega[..., m : 2 * m]
-        blocks = torch.cat(
-            [
-                torch.cat([torch.diag_embed(a), -torch.diag_embed(b)], dim=-1),
-                torch.cat([torch.diag_embed(b), torch.diag_embed(a)], dim=-1),
-            ],
-            dim=-2,
-        )
-        lead = omega.shape[:-1]
-        free = omega[..., 2 * m :].reshape(*lead, u, u)
-        top = torch.cat([blocks, blocks.new_zeros(*lead, 2 * m, u)], dim=-1)
-        bottom = torch.cat([free.new_zeros(*lead, u, 2 * m), free], dim=-1)
-        standard = torch.cat([top, bottom], dim=-2)
-        back = torch.argsort(order)
-        return standard[..., back, :][..., :, back]
-
-    def vertical(self, p: AtPoint, omega: Tensor) -> Tensor:
-        """``(-G Ω, H Ωᵀ)`` with ``Ω = algebra(ω)``."""
-        return self.gl.vertical(p, self.algebra(omega, p.x.shape[-1]))
-
-    def metric(self, p: AtPoint, u: Tensor) -> Tensor:
-        return self.gl.metric(p, u)
-
-    def metric_inv(self, p: AtPoint, v: Tensor) -> Tensor:
-        return self.gl.metric_inv(p, v)
-
-    def isotropic(self, p: AtPoint, e: Tensor) -> Tensor:
-        return self.gl.isotropic(p, e)
-
-    def act(self, x: Tensor, A: Tensor) -> Tensor:
-        """``(G, H) ↦ (G A⁻¹, H Aᵀ)`` (``A`` in the subgroup, e.g. from :meth:`random_group`)."""
-        return self.gl.act(x, A)
-
-    def push(self, x: Tensor, u: Tensor, A: Tensor) -> Tensor:
-        return self.gl.push(x, u, A)
-
-    def random_group(
-        self, x: Tensor | AtPoint, *, generator: torch.Generator | None = None, scale: float = 1.0
-    ) -> Tensor:
-        """``A = scale · algebra(ω)``, ``ω`` standard Gaussian: random complex scalings on the
-        pairs and a Gaussian ``GL(u)`` block (invertible with probability one)."""
-        x = x.x if isinstance(x, AtPoint) else x
-        h = x.shape[-1]
-        _, m, u = self.coordinates(h)
-        omega = torch.randn(
-            *x.shape[:-2], 2 * m + u * u, generator=generator, dtype=x.dtype, device=x.device
-        )
-        return self.algebra(omega, h).mul_(scale)
-
-    # ------------------------------------------------------------------ the total space's
-    def inner(
-        self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False
-    ) -> Tensor:
-        return self.gl.inner(self.at(x), u, v, keepdim=keepdim)
-
-    def christoffel(self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None) -> Tensor:
-        return self.gl.christoffel(self.at(x), u, v)
-
-    def expmap2(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
-        return self.gl.expmap2(self.at(x), u)
-
-    def geodesic(
-        self, x: Tensor | AtPoint, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """The total space's geodesic (closed form for ``"inv"`` with ``eps = 0``)."""
-        return self.gl.geodesic(self.at(x), u, t, steps=steps)
-
-    def random(
-        self,
-        *size: int | tuple[int, ...],
-        dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
-        **kwargs: Any,
-    ) -> Tensor:
-        return self.gl.random(*size, dtype=dtype, device=device)
-
-    def origin(
-        self,
-        *size: int | tuple[int, ...],
-        dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
-        seed: int = 42,
-    ) -> Tensor:
-        return self.gl.origin(*size, dtype=dtype, device=device)
+        """The group's :meth:`RotaryGroup.algebra`."""
+        return self._rotary.algebra(omega, h)
 
     # ------------------------------------------------------------------ projection
     def proju(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
