@@ -92,7 +92,7 @@ class HeadLocation:
     """Where one batch entry (head) of a kind's points lives in the model.
 
     ``kind`` and ``index``: the entry, ``points[kind][index]``; ``block``: the index of its
-    block in :attr:`Plan.blocks`, ``label`` that block's label and ``head`` the head within
+    block in ``Plan.blocks``, ``label`` that block's label and ``head`` the head within
     it; ``layer``: the first numeric component of the label's module path
     (``encoder.layer.3.attention.self.QK`` -> 3), ``None`` when it has none; ``params``: the
     canonical names of the parameters that hold the entry (or the requested rows of it), in

@@ -593,7 +593,8 @@ class Quotient(GroupAction):
     Args:
         total: the total space.
         group: the group acting on it.
-        exp_steps, dense_max: as for :class:`QuotientManifold`.
+        exp_steps: as for :class:`QuotientManifold`.
+        dense_max: as for :class:`QuotientManifold`.
     """
 
     _total: tuple[QuotientManifold]
