@@ -25,7 +25,7 @@ from .manifolds import (
 )
 from .sharpness import SharpnessResult, adaptive_sharpness, average_sharpness, geodesic_sharpness
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AdaptiveGeometry",
