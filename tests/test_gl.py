@@ -97,7 +97,7 @@ def test_random_and_origin(metric, dtype):
 # --------------------------------------------------------------------------- metric
 @given(gl_cases(), log_kappas)
 def test_metric_invariance(case, log_kappa):
-    """Item 1: ``<push u, push v>_{A·x} = <u, v>_x`` for ``κ(A)`` up to 1e3."""
+    """``<push u, push v>_{A·x} = <u, v>_x`` for ``κ(A)`` up to 1e3."""
     m, x, u, v = case.manifold, case.x, case.u, case.v
     kappa = kappa_for(case, log_kappa)
     A = case.group(kappa)
@@ -141,7 +141,7 @@ def test_inner_matches_trace_formula(case):
 # --------------------------------------------------------------------------- projection
 @given(gl_cases())
 def test_proju_orthogonal_to_vertical_and_idempotent(case):
-    """Item 2: ``proju(u) ⊥ vertical(x, ω)`` for random ω, and ``proju ∘ proju = proju``."""
+    """``proju(u) ⊥ vertical(x, ω)`` for random ω, and ``proju ∘ proju = proju``."""
     m, x, u = case.manifold, case.x, case.u
     g = gen(case.seed + 1)
     omega = torch.randn(*case.batch, case.h, case.h, generator=g, dtype=torch.float64)
@@ -174,7 +174,7 @@ def test_proju_satisfies_horizontal_equations(case):
 
 @given(gl_cases(metric="inv"))
 def test_inv_sylvester_agrees_with_scipy(case):
-    """Item 2: ``Λ = Xᵀ``, ``A X + X A = B``, ``A = PQ``, ``B = P Hᵀ ξ_H − ξ_Gᵀ G Q``, per head.
+    """``Λ = Xᵀ``, ``A X + X A = B``, ``A = PQ``, ``B = P Hᵀ ξ_H − ξ_Gᵀ G Q``, per head.
 
     Compared through the projections ``(ξ_G + G Λ, ξ_H − H Λᵀ)``: recovering ``Λ`` from
     ``proju``'s output would subtract nearly equal numbers whenever ``G Λ`` is small next to
@@ -205,7 +205,7 @@ def _euclidean_push(m, g, A):
 )
 @given(case=gl_cases(), log_kappa=log_kappas)
 def test_equivariance(method, case, log_kappa):
-    """Item 3: every map commutes with the action (measured in the acted metric)."""
+    """Every map commutes with the action (measured in the acted metric)."""
     m, x, u, v = case.manifold, case.x, case.u, case.v
     kappa = kappa_for(case, log_kappa)
     A = case.group(kappa)
@@ -240,7 +240,7 @@ def _loss_grad(m, x, T):
 @pytest.mark.parametrize("metric", METRICS)
 @given(case=gl_cases(dtype=torch.float64, factor_cond=1.0))
 def test_invariant_loss_gradient_norm_constant_on_orbit(metric, case):
-    """Item 4: Riemannian gradient horizontal, norm constant along an orbit (spread < 1e-10).
+    """Riemannian gradient horizontal, norm constant along an orbit (spread < 1e-10).
 
     ``A`` spans condition numbers 1…1e3 (singular values from 1 down to 1/κ, not normalised, so
     the orbit moves far in Euclidean terms); the Euclidean gradient norm varies by orders of
@@ -277,7 +277,7 @@ def test_invariant_loss_gradient_norm_constant_on_orbit(metric, case):
 @settings(max_examples=6)
 @given(case=gl_cases(dtype=torch.float64, batches=((),), max_h=3, max_extra=2))
 def test_christoffel_vs_autodiff_metric_matrix(metric, eps, case):
-    """Item 5a: closed form vs ``M⁻¹[DM[u]u − ½∇(uᵀMu)]`` of the dense flattened metric.
+    """Closed form vs ``M⁻¹[DM[u]u − ½∇(uᵀMu)]`` of the dense flattened metric.
 
     General (not only horizontal) ``u``; with ``eps > 0`` the oracle uses the relaxed metric.
     """
@@ -310,7 +310,7 @@ def test_christoffel_symmetric_bilinear(eps, case):
 @pytest.mark.parametrize("eps", [0.0, 0.3])
 @pytest.mark.parametrize("metric", METRICS)
 def test_christoffel_vs_geomstats(metric, eps):
-    """Item 5b: geomstats' autodiff Christoffel symbols of the same metric matrix."""
+    """Geomstats' autodiff Christoffel symbols of the same metric matrix."""
     pytest.importorskip("geomstats")
     for seed, (n, m_, h) in enumerate([(2, 2, 1), (3, 4, 2), (3, 3, 2)]):
         g = gen(seed)
@@ -325,7 +325,7 @@ def test_christoffel_vs_geomstats(metric, eps):
 @settings(max_examples=6)
 @given(case=gl_cases())
 def test_expmap2_is_third_order(case):
-    """Item 6: ``|expmap2 − expmap|`` shrinks by ≈ 8 when ``t`` halves."""
+    """``|expmap2 − expmap|`` shrinks by ≈ 8 when ``t`` halves."""
     m, x = case.manifold, case.x
     u = scaled(m, x, case.u, 1.0)
     t = 0.1 if case.dtype == torch.float64 else 0.2
@@ -341,7 +341,7 @@ def test_expmap2_is_third_order(case):
 @settings(max_examples=6)
 @given(case=gl_cases())
 def test_geodesic_velocity_stays_horizontal(case):
-    """Item 6: the exact geodesic from a horizontal vector has horizontal velocity throughout.
+    """The exact geodesic from a horizontal vector has horizontal velocity throughout.
 
     RK4 with 50 steps: the truncation error sits far below the bound (measured ≲ 1e-7).
     """
@@ -360,7 +360,7 @@ def test_geodesic_velocity_stays_horizontal(case):
 @settings(max_examples=6)
 @given(case=gl_cases(dtype=torch.float64), horizontal=st.booleans())
 def test_expmap_default_accuracy(case, horizontal):
-    """Item 6: default ``expmap`` is accurate to ~1e-6 relative at ``||u|| = 0.1``."""
+    """Default ``expmap`` is accurate to ~1e-6 relative at ``||u|| = 0.1``."""
     m, x = case.manifold, case.x
     u = m.proju(x, case.u) if horizontal else case.u
     u = scaled(m, x, u, 0.1)

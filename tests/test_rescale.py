@@ -124,7 +124,7 @@ def test_christoffel_vs_autodiff(case):
 @settings(max_examples=1)
 @given(case=rescale_cases(dtype=torch.float64, batches=((2,),), max_d=3))
 def test_expmap_equals_rk4_of_own_christoffel(metric, horizontal, case):
-    """Item 6: the closed-form geodesic is the RK4 integration of the generic Christoffel
+    """The closed-form geodesic is the RK4 integration of the generic Christoffel
     symbols (both metrics, also non-horizontal u; ||u/x|| ≤ 0.3 so 1 + 2bt > 0). RK4 with 100
     steps has truncation error ~(1/100)⁴·0.3⁵ ≈ 2e-11 relative."""
     _, x, u, _, _ = case
