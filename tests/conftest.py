@@ -306,3 +306,35 @@ def assert_sharpness_invariance(
             assert change < 1e-3, (scale, metric, values, reference)
         adaptive_changes.append(relative_change(values["adaptive"], reference["adaptive"]))
     assert max(adaptive_changes) > adaptive_min, adaptive_changes
+
+
+# --------------------------------------------------------------------------- model state
+def snapshot(model):
+    """Identity and a copy of every parameter, buffer and ``.grad``, and every module's mode."""
+    return {
+        "params": {n: (id(p), p.detach().clone()) for n, p in model.named_parameters()},
+        "buffers": {n: (id(b), b.clone()) for n, b in model.named_buffers()},
+        "grads": {
+            n: None if p.grad is None else (id(p.grad), p.grad.clone())
+            for n, p in model.named_parameters()
+        },
+        "modes": [m.training for m in model.modules()],
+    }
+
+
+def assert_same(a, b):
+    """Equal snapshots: the same objects with bit-equal values (NaNs in the same places)."""
+    assert a["modes"] == b["modes"]
+    for key in ("params", "buffers", "grads"):
+        assert a[key].keys() == b[key].keys()
+        for n in a[key]:
+            if a[key][n] is None:
+                assert b[key][n] is None, (key, n)
+                continue
+            (ia, ta), (ib, tb) = a[key][n], b[key][n]
+            assert ia == ib and ta.dtype == tb.dtype, (key, n)
+            assert torch.equal(ta.isnan(), tb.isnan()), (key, n)
+            assert torch.equal(ta.masked_fill(ta.isnan(), 0), tb.masked_fill(tb.isnan(), 0)), (
+                key,
+                n,
+            )

@@ -16,7 +16,7 @@ import re
 
 import pytest
 import torch
-from conftest import tiny_bert
+from conftest import assert_same, snapshot, tiny_bert
 from torch import nn
 
 import quotientgeo.diagnosis as diagnosis_module
@@ -47,33 +47,6 @@ def stateful_bert(dtype=DT):
     bert_loss(model, IDS).backward()
     model.pooler.dense.bias.grad = None
     return model
-
-
-def snapshot(model):
-    return {
-        "params": {n: (id(p), p.detach().clone()) for n, p in model.named_parameters()},
-        "buffers": {n: (id(b), b.clone()) for n, b in model.named_buffers()},
-        "grads": {
-            n: None if p.grad is None else (id(p.grad), p.grad.clone())
-            for n, p in model.named_parameters()
-        },
-        "modes": [m.training for m in model.modules()],
-    }
-
-
-def assert_same(a, b):
-    """Equal snapshots: same objects, bit-equal values (NaNs in the same places)."""
-    assert a["modes"] == b["modes"]
-    for key in ("params", "buffers", "grads"):
-        assert a[key].keys() == b[key].keys()
-        for n in a[key]:
-            if a[key][n] is None:
-                assert b[key][n] is None, (key, n)
-                continue
-            (ia, ta), (ib, tb) = a[key][n], b[key][n]
-            assert ia == ib and ta.dtype == tb.dtype, (key, n)
-            assert torch.equal(ta.isnan(), tb.isnan()), (key, n)
-            assert torch.equal(ta.nan_to_num(), tb.nan_to_num()), (key, n)
 
 
 def zero_query_feature(model, layer: int, head: int) -> None:

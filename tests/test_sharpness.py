@@ -12,7 +12,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from conftest import assert_sharpness_invariance, relative_change, tiny_bert
+from conftest import assert_same, assert_sharpness_invariance, relative_change, snapshot, tiny_bert
 from scipy.optimize import brentq
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
@@ -335,30 +335,6 @@ class WithState(nn.Module):
     def forward(self, x):
         a = self.attn(x[:, None, :4], x[:, None, :4], x[:, None, :4])[0][:, 0]
         return self.net(x) + a.sum(-1, keepdim=True)
-
-
-def snapshot(model):
-    return {
-        "params": {n: (id(p), p.detach().clone()) for n, p in model.named_parameters()},
-        "buffers": {n: (id(b), b.clone()) for n, b in model.named_buffers()},
-        "grads": {
-            n: None if p.grad is None else (id(p.grad), p.grad.clone())
-            for n, p in model.named_parameters()
-        },
-        "modes": [m.training for m in model.modules()],
-    }
-
-
-def assert_same(a, b):
-    assert a["modes"] == b["modes"]
-    for key in ("params", "buffers", "grads"):
-        assert a[key].keys() == b[key].keys()
-        for n in a[key]:
-            if a[key][n] is None:
-                assert b[key][n] is None
-                continue
-            (ia, ta), (ib, tb) = a[key][n], b[key][n]
-            assert ia == ib and ta.dtype == tb.dtype and torch.equal(ta, tb), (key, n)
 
 
 @pytest.fixture
