@@ -220,7 +220,7 @@ def test_add_validates_and_names_the_block():
         )
     with pytest.raises(ValueError, match=r"overlap: .* already belong to another block"):
         geometry.add(ScaleQuotient(2), "fc1.bias", label="overlap")
-    with pytest.raises(ValueError, match=r"shape: GLInvQuotient rejects its points: .*h <= m"):
+    with pytest.raises(ValueError, match=r"shape: GLMixQuotient rejects its points: .*h <= m"):
         ParameterGeometry(model).add(
             GLQuotient(4), "fc1.weight", Source("fc2.weight", axis=1), label="shape"
         )

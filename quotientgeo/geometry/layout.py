@@ -8,6 +8,7 @@ of groups).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -156,6 +157,13 @@ class Layout:
         }
         self.coverage: dict[str, Tensor] = {}
         self.views: dict[str, View] = {}
+
+    def copy(self) -> Layout:
+        """An independent copy: the same parameters, its own coverage and views."""
+        new = copy.copy(self)
+        new.coverage = {name: mask.clone() for name, mask in self.coverage.items()}
+        new.views = dict(self.views)
+        return new
 
     def resolve(self, src: Source, heads: int, label: str) -> Region:
         """The region of ``src`` for a block of ``heads`` heads named ``label``."""

@@ -20,13 +20,21 @@ the model. Scattering the gathered points reproduces every parameter exactly.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Sequence
 from typing import TypeAlias
 
 import torch
 from torch import nn
 
-from ..manifolds import AdaptiveGeometry, GLQuotient, QuotientManifold, RescaleQuotient
+from ..manifolds import (
+    DEFAULT_METRIC,
+    AdaptiveGeometry,
+    GLQuotient,
+    QuotientManifold,
+    RescaleQuotient,
+)
 from ..validation import positive_int
 from .layout import Layout, Source, overlaps
 from .plan import Block, HeadLocation, Kind, Plan, build_plan, n_entries
@@ -164,18 +172,25 @@ class ParameterGeometry:
         return joined
 
     def add_gl_pair(
-        self, g: Factor, h: Factor, *, heads: int = 1, label: str | None = None
+        self,
+        g: Factor,
+        h: Factor,
+        *,
+        heads: int = 1,
+        label: str | None = None,
+        metric: str | float = DEFAULT_METRIC,
     ) -> ParameterGeometry:
         """Declare GL pairs ``(G, H)``, one per head, that enter the network through ``G Hᵀ``.
 
-        ``add(GLQuotient(n), g, h, heads=heads)`` with ``n`` the rows of ``G``: a plain name
+        ``add(GLQuotient(n, metric), g, h, heads=heads)`` with ``n`` the rows of ``G`` (the
+        metric is ``"mix"`` unless named: ``"inv"``, ``"mix"`` or ``s``): a plain name
         means ``Source(name)``, an ``nn.Linear`` weight or bias whose output features are the
         heads' features; ``Source(name, axis=1)`` is an output projection whose input columns
         belong to the heads. Returns ``self``.
         """
         label = label or f"GL pair {len(self.blocks)}"
         n = self.rows(g, heads=heads, label=label)
-        return self.add(GLQuotient(n, "mix"), g, h, heads=heads, label=label)
+        return self.add(GLQuotient(n, metric), g, h, heads=heads, label=label)
 
     def rows(self, factor: Factor, *, heads: int = 1, label: str = "factor") -> int:
         """Rows ``k_f`` of one head's part of ``factor`` (a name, Source or list of them):
@@ -187,18 +202,46 @@ class ParameterGeometry:
         return sum(self.layout.resolve(s, heads, label).k for s in as_sources(factor))
 
     def add_rescale_pair(
-        self, u: Factor, v: Factor, *, label: str | None = None
+        self, u: Factor, v: Factor, *, label: str | None = None, metric: str = DEFAULT_METRIC
     ) -> ParameterGeometry:
         """Declare an element-wise re-scaling pair ``(u, v) ~ (α u, v / α)`` (``β = u ⊙ v``).
 
-        ``add(RescaleQuotient(), u, v)``: ``u`` and ``v`` are 1-D regions (a vector, or a
-        ``Source`` with ``view=(d, 1)``) of equal length ``d``; the point is ``(2, d)``.
+        ``add(RescaleQuotient(metric), u, v)`` (``"mix"`` unless named): ``u`` and ``v`` are
+        1-D regions (a vector, or a ``Source`` with ``view=(d, 1)``) of equal length ``d``; the
+        point is ``(2, d)``.
         """
         label = label or f"re-scaling pair {len(self.blocks)}"
         sizes = [sum(self.layout.resolve(s, 1, label).width for s in as_sources(f)) for f in (u, v)]
         if sizes[0] != sizes[1]:
             raise ValueError(f"{label}: u has {sizes[0]} entries but v has {sizes[1]}")
-        return self.add(RescaleQuotient("mix"), u, v, label=label)
+        return self.add(RescaleQuotient(metric), u, v, label=label)
+
+    def with_metric(self, metric: str | float, *, eps: float | None = None) -> ParameterGeometry:
+        """A new geometry of the same model and blocks, each block's manifold replaced by
+        ``manifold.with_metric(metric, eps=eps)``.
+
+        That re-chooses the metric of GL pairs, their rotary subgroup (``"inv"``, ``"mix"`` or
+        ``s``) and re-scaling pairs (``"inv"``, ``"mix"``), and their Gram relaxation ``eps``
+        unless ``None``; manifolds whose metric is part of their definition (scales, products,
+        user-defined ones) are kept. The measures use a geometry's declared metrics: this is
+        how a study compares metrics on one model. ``self`` is unchanged.
+        """
+        new = copy.copy(self)
+        new.layout = self.layout.copy()
+        new.blocks = [
+            dataclasses.replace(b, manifold=b.manifold.with_metric(metric, eps=eps))
+            for b in self.blocks
+        ]
+        new.products = list(self.products)  # the product metric Σ η²/x² is the only one
+        new._plan = None
+        return new
+
+    @property
+    def metrics(self) -> tuple[str | float, ...]:
+        """The distinct declared metrics of the kinds that have a choice of metric
+        (:attr:`QuotientManifold.metric_name`), in the order of :attr:`kinds`."""
+        names = (k.manifold.metric_name for k in self.kinds)
+        return tuple(dict.fromkeys(n for n in names if n is not None))
 
     # ------------------------------------------------------------------ plan
     @property

@@ -1,7 +1,15 @@
 """Quotient manifolds: the generic base and the shipped symmetries."""
 
 from .adaptive import AdaptiveGeometry
-from .base import AtPoint, GenericPath, Group, GroupAction, Quotient, QuotientManifold
+from .base import (
+    DEFAULT_METRIC,
+    AtPoint,
+    GenericPath,
+    Group,
+    GroupAction,
+    Quotient,
+    QuotientManifold,
+)
 from .euclidean import EuclideanGeometry
 from .gl import (
     GLGroup,
@@ -21,6 +29,7 @@ from .rescale import RescaleInvQuotient, RescaleMixQuotient, RescaleQuotient
 from .scale import ScaleQuotient
 
 __all__ = [
+    "DEFAULT_METRIC",
     "AdaptiveGeometry",
     "AtPoint",
     "EuclideanGeometry",

@@ -48,9 +48,23 @@ from ..validation import positive_int
 from .ode import rk4, steps_for
 
 Tensor = torch.Tensor
+
+#: The metric of every shipped quotient whose metric is a choice (GL pairs, their rotary
+#: subgroup, re-scaling pairs) when none is named, in the manifolds, in
+#: :meth:`~quotientgeo.ParameterGeometry.add_gl_pair` and in
+#: :func:`~quotientgeo.find_symmetries`.
+DEFAULT_METRIC = "mix"
 T = TypeVar("T")
 
-__all__ = ["AtPoint", "GenericPath", "Group", "GroupAction", "Quotient", "QuotientManifold"]
+__all__ = [
+    "DEFAULT_METRIC",
+    "AtPoint",
+    "GenericPath",
+    "Group",
+    "GroupAction",
+    "Quotient",
+    "QuotientManifold",
+]
 
 
 class AtPoint:
@@ -107,6 +121,10 @@ class QuotientManifold(Manifold):
     #: ``True`` where :meth:`expmap` is a closed form rather than an integration: the default
     #: perturbation of the sharpness measures is then the exact geodesic.
     closed_form_geodesic: bool = False
+    #: The metric this quotient was built with, where it is one of several choices
+    #: (``"inv"``, ``"mix"`` or an interpolation weight ``s``); ``None`` where the metric is
+    #: part of the manifold's definition. A geometry is measured in the metric it declares.
+    metric_name: str | float | None = None
 
     def __init__(self, *, exp_steps: int | None = None, dense_max: int = 64):
         super().__init__()

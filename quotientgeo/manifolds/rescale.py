@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .base import AtPoint, QuotientManifold
+from .base import DEFAULT_METRIC, AtPoint, QuotientManifold
 
 Tensor = torch.Tensor
 
@@ -34,8 +34,8 @@ class RescaleQuotient(QuotientManifold):
     :math:`\operatorname{proj}(ξ) = (u b, v b)` with :math:`b = \tfrac12 (ξ_u / u + ξ_v / v)`.
     Both metrics are diagonal, :math:`M(x) u = u ⊙ m(x)`, so the isotropic map is
     :math:`e / \sqrt{m(x)}`.
-    ``RescaleQuotient(metric)`` returns :class:`RescaleInvQuotient` (``"inv"``, default) or
-    :class:`RescaleMixQuotient` (``"mix"``).
+    ``RescaleQuotient(metric)`` returns :class:`RescaleMixQuotient` (``"mix"``, default) or
+    :class:`RescaleInvQuotient` (``"inv"``).
     """
 
     closed_form_geodesic = True
@@ -47,7 +47,7 @@ class RescaleQuotient(QuotientManifold):
         cls, metric: str | float | None = None, *args: Any, **kwargs: Any
     ) -> RescaleQuotient:
         if cls is RescaleQuotient:
-            cls = _metric_class("inv" if metric is None else metric)
+            cls = _metric_class(DEFAULT_METRIC if metric is None else metric)
         return super().__new__(cls)  # pyright: ignore[reportArgumentType]  # the metric's class
 
     def __init__(self, metric: str | None = None, *, exp_steps: int | None = None):

@@ -20,7 +20,7 @@ import torch
 
 from ...linalg import cholesky, cholesky_inverse, gram, mT
 from ...validation import is_real, positive_int, real_in
-from ..base import AtPoint, GroupAction, QuotientManifold
+from ..base import DEFAULT_METRIC, AtPoint, GroupAction, QuotientManifold
 from ..ode import rk4
 
 Tensor = torch.Tensor
@@ -138,7 +138,7 @@ class GLTotalSpace(QuotientManifold):
 
     Args:
         n: number of rows of ``G`` (``m`` follows from the point's shape).
-        metric: ``"inv"`` (default), ``"mix"`` or the interpolation weight ``s``.
+        metric: ``"mix"`` (default), ``"inv"`` or the interpolation weight ``s``.
         eps: Gram relaxation ``≥ 0``.
         exp_steps: RK4 steps of :meth:`geodesic` where it integrates; ``None`` (default)
             chooses them from the velocity for a stated accuracy.
@@ -153,7 +153,7 @@ class GLTotalSpace(QuotientManifold):
         cls, n: int | None = None, metric: str | float | None = None, *args: Any, **kwargs: Any
     ) -> GLTotalSpace:
         if cls is GLTotalSpace:
-            cls = _total_class("inv" if metric is None else metric)
+            cls = _total_class(DEFAULT_METRIC if metric is None else metric)
         return super().__new__(cls)  # pyright: ignore[reportArgumentType]  # the metric's class
 
     def __init__(
@@ -511,7 +511,7 @@ class GLQuotient(GroupAction, GLTotalSpace):
 
     Args:
         n: number of rows of ``G`` (``m`` follows from the point's shape).
-        metric: ``"inv"`` (default), ``"mix"`` or the interpolation weight ``s``.
+        metric: ``"mix"`` (default), ``"inv"`` or the interpolation weight ``s``.
         eps: Gram relaxation ``≥ 0``.
         exp_steps: RK4 steps of :meth:`geodesic` where it integrates; ``None`` (default)
             chooses them from the velocity for a stated accuracy.
@@ -526,7 +526,7 @@ class GLQuotient(GroupAction, GLTotalSpace):
         cls, n: int | None = None, metric: str | float | None = None, *args: Any, **kwargs: Any
     ) -> GLQuotient:
         if cls is GLQuotient:
-            cls = _metric_class("inv" if metric is None else metric)
+            cls = _metric_class(DEFAULT_METRIC if metric is None else metric)
         return super().__new__(cls)  # pyright: ignore[reportArgumentType, reportReturnType]
 
     def __init__(

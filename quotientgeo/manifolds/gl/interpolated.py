@@ -51,6 +51,7 @@ class InterpolatedTotalSpace(GLTotalSpace):
         s = real_in("s", metric, 0.0, 1.0)
         super().__init__(n, s, eps, exp_steps=exp_steps, dense_max=dense_max)
         self.s = s
+        self.metric_name = s
 
     def extra_repr(self) -> str:
         return f"n={self.n}, s={self.s}, eps={self.eps}"

@@ -15,7 +15,7 @@ import torch
 
 from ...linalg import cholesky, gram, mT, tensor_sum
 from ...validation import integer
-from ..base import AtPoint, Quotient
+from ..base import DEFAULT_METRIC, AtPoint, Quotient
 from .base import GLGroup, GLQuotient
 
 Tensor = torch.Tensor
@@ -167,7 +167,7 @@ class RotaryGLQuotient(Quotient):
     def __init__(
         self,
         n: int,
-        metric: str | float = "mix",
+        metric: str | float = DEFAULT_METRIC,
         eps: float = 0.0,
         *,
         rotary_dims: int | None = None,
@@ -185,6 +185,10 @@ class RotaryGLQuotient(Quotient):
     @property
     def n(self) -> int:
         return self.gl.n
+
+    @property
+    def metric_name(self) -> str | float | None:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return self.gl.metric_name
 
     def extra_repr(self) -> str:
         return f"{self.gl.extra_repr()}, rotary_dims={self.rotary_dims}, pairing={self.pairing!r}"
