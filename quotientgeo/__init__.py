@@ -23,7 +23,13 @@ from .manifolds import (
     RotaryGLQuotient,
     ScaleQuotient,
 )
-from .sharpness import SharpnessResult, adaptive_sharpness, average_sharpness, geodesic_sharpness
+from .sharpness import (
+    Measure,
+    SharpnessResult,
+    adaptive_sharpness,
+    average_sharpness,
+    geodesic_sharpness,
+)
 
 __version__ = "0.2.0"
 
@@ -36,6 +42,7 @@ __all__ = [
     "GLMixQuotient",
     "GLQuotient",
     "InterpolatedGLQuotient",
+    "Measure",
     "ParameterGeometry",
     "ProductQuotient",
     "QuotientManifold",

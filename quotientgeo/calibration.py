@@ -16,17 +16,17 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from torch import nn
-from tqdm.auto import tqdm
 
-from .sharpness import adaptive_sharpness, average_sharpness, geodesic_sharpness
+from .progress import progress_bar
+from .sharpness import Measure
 from .validation import positive_int, positive_real
 
 __all__ = ["Calibration", "calibrate_rho"]
 
-MEASURES = {
-    "geodesic": geodesic_sharpness,
-    "adaptive": adaptive_sharpness,
-    "average": average_sharpness,
+CONSTRUCTORS = {
+    "geodesic": Measure.geodesic,
+    "adaptive": Measure.adaptive,
+    "average": Measure.average,
 }
 
 
@@ -38,7 +38,7 @@ class Calibration:
         rho: the radius found.
         value: the measure's value at ``rho`` (within ``rtol`` of ``target``).
         target: the value asked for.
-        measure: ``"geodesic"``, ``"adaptive"`` or ``"average"``.
+        measure: the measure's name (``"geodesic"``, ``"adaptive"``, ``"average"``, ...).
         evaluations: every ``(rho, value)`` measured, in order.
     """
 
@@ -55,38 +55,49 @@ def calibrate_rho(
     batches: Iterable,
     *,
     target: float,
-    measure: str = "geodesic",
+    measure: Measure | str = "geodesic",
     low: float = 1e-3,
     high: float = 1.0,
     rtol: float = 0.05,
     max_evals: int = 24,
     progress: bool = True,
+    distributed: str = "batches",
     **measure_kwargs: Any,
 ) -> Calibration:
     """The ``ρ`` at which ``measure`` of ``model`` reaches ``target`` (a loss increase).
 
     Bisection in ``log ρ`` between a bracket ``[low, high]`` (widened by factors of 10 until
     it contains ``target``) until the value is within ``rtol · target``. Each step is one
-    measurement (``geodesic_sharpness``, ``adaptive_sharpness`` or ``average_sharpness`` with
-    ``**measure_kwargs``, for example ``metric="inv"``, ``n_iter=20``); the worst case over a
+    measurement, ``measure.with_rho(ρ).evaluate(...)``: ``measure`` is a
+    :class:`~quotientgeo.Measure` (its own ``ρ`` is not used), or the name of a constructor
+    (``"geodesic"``, ``"adaptive"``, ``"average"``) called with ``**measure_kwargs``, for
+    example ``metric="inv"``, ``n_iter=20``; the worst case over a
     larger ball is larger, so the value grows with ``ρ`` (up to the maximiser's accuracy).
-    ``batches`` is iterated once per measurement, so pass a list or a re-iterable loader.
+    ``batches`` is iterated once per measurement, so pass a list or a re-iterable loader;
+    ``distributed`` is the measurements' (:meth:`~quotientgeo.Measure.evaluate`).
 
     Raises:
         ValueError: bad arguments, or no ``ρ`` in ``[low / 10^k, high · 10^k]`` within
             ``max_evals`` measurements reaches ``target``.
     """
-    if measure not in MEASURES:
-        raise ValueError(f"measure must be one of {tuple(MEASURES)}, got {measure!r}")
+    if isinstance(measure, str):
+        if measure not in CONSTRUCTORS:
+            raise ValueError(f"measure must be one of {tuple(CONSTRUCTORS)}, got {measure!r}")
+        chosen = CONSTRUCTORS[measure](1.0, **measure_kwargs)
+    elif not isinstance(measure, Measure):
+        raise TypeError(f"measure must be a Measure or a name, got {measure!r}")
+    elif measure_kwargs:
+        raise TypeError("pass keyword arguments of the measure to its constructor, not here")
+    else:
+        chosen = measure
     target = positive_real("target", target)
     low, high = positive_real("low", low), positive_real("high", high)
     if not low < high:
         raise ValueError(f"low must be smaller than high, got low={low}, high={high}")
     rtol = positive_real("rtol", rtol)
     max_evals = positive_int("max_evals", max_evals)
-    fn = MEASURES[measure]
     evaluations: list[tuple[float, float]] = []
-    bar = tqdm(total=max_evals, desc=f"calibrating ρ ({measure})", disable=not progress)
+    bar = progress_bar(total=max_evals, desc=f"calibrating ρ ({chosen.name})", enabled=progress)
 
     def value(rho: float) -> float:
         if len(evaluations) >= max_evals:
@@ -94,7 +105,8 @@ def calibrate_rho(
                 f"no ρ reached target={target} within max_evals={max_evals} measurements: "
                 f"(ρ, value) = {[(f'{r:.3g}', f'{v:.3g}') for r, v in evaluations]}"
             )
-        v = fn(model, loss_fn, batches, rho=rho, progress=False, **measure_kwargs).value
+        m = chosen.with_rho(rho)
+        v = m.evaluate(model, loss_fn, batches, progress=False, distributed=distributed).value
         evaluations.append((rho, v))
         bar.update(1)
         return v
@@ -112,12 +124,12 @@ def calibrate_rho(
             v_high = value(high)
         for rho, v in ((low, v_low), (high, v_high)):
             if close(v):
-                return Calibration(rho, v, target, measure, evaluations)
+                return Calibration(rho, v, target, chosen.name, evaluations)
         while True:
             mid = math.sqrt(low * high)
             v = value(mid)
             if close(v):
-                return Calibration(mid, v, target, measure, evaluations)
+                return Calibration(mid, v, target, chosen.name, evaluations)
             if v < target:
                 low = mid
             else:

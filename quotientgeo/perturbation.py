@@ -12,21 +12,26 @@ import functools
 
 import torch
 
+from .options import Perturbation
+
 Tensor = torch.Tensor
 
-__all__ = ["MOVES", "PERTURBATIONS", "PerturbationSpace", "move_of"]
+__all__ = ["MOVES", "PerturbationSpace", "move_of"]
 
-MOVES = {"second_order": "expmap2", "first_order": "retr", "exact": "expmap"}
-PERTURBATIONS = ("default", *MOVES)
+MOVES = {
+    Perturbation.SECOND_ORDER: "expmap2",
+    Perturbation.FIRST_ORDER: "retr",
+    Perturbation.EXACT: "expmap",
+}
 
 
-def move_of(manifold, perturbation: str) -> str:
+def move_of(manifold, perturbation: Perturbation | str) -> str:
     """The manifold method that applies ``perturbation``: :data:`MOVES`, and for ``"default"``
     the exact geodesic (``expmap``) where it is a closed form
     (``manifold.closed_form_geodesic``), else the second-order map (``expmap2``)."""
-    if perturbation == "default":
+    if perturbation == Perturbation.DEFAULT:
         return "expmap" if manifold.closed_form_geodesic else "expmap2"
-    return MOVES[perturbation]
+    return MOVES[Perturbation(perturbation)]
 
 
 class PerturbationSpace:

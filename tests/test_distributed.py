@@ -148,8 +148,10 @@ def test_a_failing_rank_raises_on_every_rank(tmp_path):
             message = payload["errors"][mode]
             assert "rank 1" in message and "boom" in message, (r, mode, message)
     # rank 1's batch is the second of the concatenated list; split_batch: the one global batch
-    assert "rank 1: batch 1, iteration 0: RuntimeError: boom" in ranks[0]["errors"]["batches"]
-    assert "rank 1: batch 0, iteration 0: RuntimeError: boom" in ranks[0]["errors"]["split_batch"]
+    batches = "rank 1: RuntimeError: boom (raised by loss_fn on batch 1, iteration 0 (restart 0)"
+    assert batches in ranks[0]["errors"]["batches"]
+    split = "rank 1: batch 0, iteration 0 (restart 0): RuntimeError: boom"
+    assert split in ranks[0]["errors"]["split_batch"]
 
 
 def test_without_a_process_group_the_argument_changes_nothing():

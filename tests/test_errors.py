@@ -21,10 +21,13 @@ from torch import nn
 
 import quotientgeo.diagnosis as diagnosis_module
 import quotientgeo.optim.sam as sam_module
-import quotientgeo.sharpness as sharpness_module
+import quotientgeo.sharpness.objective as objective_module
 from quotientgeo import ParameterGeometry, Source, find_symmetries
 from quotientgeo.optim import GeodesicSAM
+from quotientgeo.options import Norm, Perturbation
 from quotientgeo.sharpness import average_sharpness, geodesic_sharpness
+from quotientgeo.sharpness.objective import Objective, Where
+from quotientgeo.sharpness.ranks import SplitBatch
 
 pytestmark = pytest.mark.filterwarnings("ignore:no parameter symmetry detected:UserWarning")
 
@@ -312,7 +315,7 @@ def test_healthy_model_gives_the_results_of_the_code_path_without_diagnosis(metr
     monkeypatch.setattr(diagnosis_module.Diagnosis, "rank_deficient", never)
     diagnosed = run()
     assert checks["n"] == 2  # once per call, not per batch or iteration
-    monkeypatch.setattr(sharpness_module, "Diagnosis", _NoDiagnosis)
+    monkeypatch.setattr(objective_module, "Diagnosis", _NoDiagnosis)
     assert diagnosed == run()
 
 
@@ -374,20 +377,26 @@ def test_split_batch_records_the_located_failure():
     """With ``distributed="split_batch"`` a failing rank records its failure (for all ranks to
     raise) instead of raising; that record names the head too."""
 
-    class SplitRanks:  # the one collective the evaluation makes, on a group of one
-        mode = "split_batch"
+    class SplitRanks(SplitBatch):  # the one collective the evaluation makes, on a group of one
+        def __init__(self):
+            self.rank, self.world = 0, 1
+            self.first_failure, self.local_losses = None, []
 
         def average(self, loss, grads):
             return loss, grads
 
     model = tiny_bert(DT)
     zero_query_feature(model, 0, 1)
-    problem = sharpness_module._Problem(
-        model, bert_loss, find_symmetries(model), "mix", "second_order", "riemannian", None,
-        SplitRanks(),
+    ranks = SplitRanks()
+    objective = Objective(
+        model, bert_loss, find_symmetries(model), Perturbation.SECOND_ORDER, Norm.RIEMANNIAN,
+        None, ranks,
     )  # fmt: skip
-    problem.batch = IDS
-    loss, _ = problem.evaluate(problem.zeros(), 0, grad=True)
+    loss, _ = objective.evaluate(IDS, objective.zeros(), Where(0), grad=True)
     assert loss.isnan()
-    assert problem.failure.startswith("batch 0, iteration 0: ValueError: rank-deficient factors")
-    assert f"{attention(0)}.self.QK (layer 0), head 1: G" in problem.failure
+    failure = ranks.first_failure
+    assert failure is not None
+    assert failure.startswith(
+        "batch 0, iteration 0 (restart 0): ValueError: rank-deficient factors"
+    )
+    assert f"{attention(0)}.self.QK (layer 0), head 1: G" in failure

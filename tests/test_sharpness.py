@@ -17,7 +17,7 @@ from scipy.optimize import brentq
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
-import quotientgeo.sharpness as sharpness_module
+import quotientgeo.sharpness.apgd as apgd_module
 from quotientgeo.geometry import ParameterGeometry
 from quotientgeo.manifolds import (
     AdaptiveGeometry,
@@ -28,7 +28,6 @@ from quotientgeo.manifolds import (
 )
 from quotientgeo.sharpness import (
     SharpnessResult,
-    _checkpoints,
     adaptive_sharpness,
     average_sharpness,
     geodesic_sharpness,
@@ -165,13 +164,28 @@ def test_diagonal_inv_second_order_model(diagonal_problem):
         squared_loss,
         batches,
         rho=rho,
-        metric="inv",
         perturbation="exact",
-        symmetries=geometry,
+        symmetries=geometry.with_metric("inv"),
         n_iter=20,
         progress=False,
     )
     assert result.value == pytest.approx(expected, rel=5e-2)
+
+
+def test_a_geometry_is_measured_in_the_metric_it_declares(diagonal_problem):
+    """``metric=None`` measures each block as declared; naming another metric for a declared
+    geometry is an error, and ``with_metric`` is the way to measure it in another one."""
+    model, geometry, batches, *_ = diagonal_problem
+    kw = dict(rho=0.02, n_iter=5, progress=False)
+    inv = geometry.with_metric("inv")
+    assert geometry.metrics == ("mix",) and inv.metrics == ("inv",)
+    as_declared = geodesic_sharpness(model, squared_loss, batches, symmetries=inv, **kw)
+    named = geodesic_sharpness(model, squared_loss, batches, symmetries=inv, metric="inv", **kw)
+    assert as_declared.value == named.value and named.settings["metric"] == "inv"
+    mix = geodesic_sharpness(model, squared_loss, batches, symmetries=geometry, **kw)
+    assert mix.settings["metric"] == "mix" and mix.value != as_declared.value
+    with pytest.raises(ValueError, match=r"metric='inv', but the geometry declares 'mix'"):
+        geodesic_sharpness(model, squared_loss, batches, symmetries=geometry, metric="inv", **kw)
 
 
 # ---------------------------------------------------------------------- 4. adaptive baseline
@@ -312,15 +326,24 @@ def test_device_side_tracking_matches_host_tracking(transformer_problem, monkeyp
     model, batches = transformer_problem
     kw = dict(rho=0.05, n_iter=12, restarts=2, seed=1, progress=False)
     host = geodesic_sharpness(model, classification_loss, batches, **kw)
-    monkeypatch.setattr(sharpness_module, "_host_tracking", lambda device: False)
+    monkeypatch.setattr(apgd_module, "host_tracking", lambda device: False)
     device = geodesic_sharpness(model, classification_loss, batches, **kw)
     assert host.worst_losses == device.worst_losses and host.trace == device.trace
     assert host.perturbation_norms == device.perturbation_norms
 
 
 def test_checkpoints_match_auto_pgd():
-    assert _checkpoints(100) == [22, 41, 58, 70, 80, 87, 93, 99]  # as ceil(p_j n) in the reference
-    assert _checkpoints(1) == []
+    assert apgd_module.checkpoints(100) == [
+        22,
+        41,
+        58,
+        70,
+        80,
+        87,
+        93,
+        99,
+    ]  # as ceil(p_j n) in the reference
+    assert apgd_module.checkpoints(1) == []
 
 
 # ---------------------------------------------------------------------- 5. model safety
@@ -512,7 +535,7 @@ def test_empty_batches():
 def test_non_scalar_loss_names_batch_and_iteration():
     model = mlp()
     before = snapshot(model)
-    with pytest.raises(ValueError, match=r"shape \(10, 3\) \(batch 0, iteration 0\)"):
+    with pytest.raises(ValueError, match=r"shape \(10, 3\) \(batch 0, iteration 0 \(restart 0\)\)"):
         adaptive_sharpness(
             model, lambda m, b: m(b[0]).square(), mlp_batches(), rho=0.1, progress=False
         )

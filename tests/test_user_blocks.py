@@ -75,7 +75,7 @@ def user_geometry(model):
 
 
 def builtin_geometry(model):
-    return ParameterGeometry(model).add_gl_pair(*UNITS, heads=6, label="units")
+    return ParameterGeometry(model).add_gl_pair(*UNITS, heads=6, label="units", metric="inv")
 
 
 def mse(model, batch):
@@ -101,16 +101,16 @@ def problem():
 def test_user_block_matches_the_builtin_geometry(problem, perturbation, norm):
     model, batches = problem
     tol = 1e-4 if perturbation == "exact" else 1e-6
-    kw = dict(rho=0.2, metric="inv", perturbation=perturbation, norm=norm, progress=False)
+    kw = dict(rho=0.2, perturbation=perturbation, norm=norm, progress=False)
+    geometries = [user_geometry(model), builtin_geometry(model)]
     worst = [
-        geodesic_sharpness(model, mse, batches, symmetries=g(model), n_iter=6, restarts=2, **kw)
-        for g in (user_geometry, builtin_geometry)
+        geodesic_sharpness(model, mse, batches, symmetries=g, n_iter=6, restarts=2, **kw)
+        for g in geometries
     ]
     assert worst[1].value > 0
     assert worst[0].value == pytest.approx(worst[1].value, rel=tol)
     average = [
-        average_sharpness(model, mse, batches, symmetries=g(model), n_samples=6, **kw)
-        for g in (user_geometry, builtin_geometry)
+        average_sharpness(model, mse, batches, symmetries=g, n_samples=6, **kw) for g in geometries
     ]
     assert average[1].value != 0
     assert average[0].value == pytest.approx(average[1].value, rel=tol)

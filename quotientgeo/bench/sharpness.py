@@ -24,19 +24,21 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Callable
 
 import torch
 
-from ..sharpness import adaptive_sharpness, geodesic_sharpness
+from ..sharpness import Measure
 from ..testing import TinyTransformerClassifier, cross_entropy
 from .options import add_model_arguments, run_config
 from .timing import interleaved, median_ratio
 
+RHO = 0.05
 MEASURES = {
-    "adaptive": (adaptive_sharpness, {}),
-    "geodesic_mix": (geodesic_sharpness, {"metric": "mix", "perturbation": "second_order"}),
-    "geodesic_inv": (geodesic_sharpness, {"metric": "inv", "perturbation": "second_order"}),
-    "geodesic_inv_exact": (geodesic_sharpness, {"metric": "inv", "perturbation": "exact"}),
+    "adaptive": Measure.adaptive(RHO),
+    "geodesic_mix": Measure.geodesic(RHO, metric="mix", perturbation="second_order"),
+    "geodesic_inv": Measure.geodesic(RHO, metric="inv", perturbation="second_order"),
+    "geodesic_inv_exact": Measure.geodesic(RHO, metric="inv", perturbation="exact"),
 }
 RATIOS = {
     "geodesic_mix/adaptive": ("geodesic_mix", "adaptive"),
@@ -75,13 +77,11 @@ def run(args: argparse.Namespace) -> int:
         model.zero_grad(set_to_none=True)
 
     def measure(name: str, n_iter: int):
-        fn, kw = MEASURES[name]
-        return lambda: fn(
-            model, cross_entropy, [batch], rho=0.05, n_iter=n_iter, progress=False, **kw
-        )
+        m = MEASURES[name].replace(n_iter=n_iter)
+        return lambda: m.evaluate(model, cross_entropy, [batch], progress=False)
 
     short, long = args.n_iter, args.n_iter + args.extra
-    contenders = {"floor": floor}
+    contenders: dict[str, Callable[[], object]] = {"floor": floor}
     for name in MEASURES:
         contenders[f"{name}@{short}"] = measure(name, short)
         contenders[f"{name}@{long}"] = measure(name, long)

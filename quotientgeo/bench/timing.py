@@ -17,7 +17,8 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import TypeVar
 
 import torch
-from tqdm.auto import tqdm
+
+from ..progress import progress_bar
 
 K = TypeVar("K", bound=Hashable)  # a contender's name: a string, or a tuple of strings
 
@@ -48,7 +49,7 @@ def interleaved(
     settle = settle or {}
     names = list(contenders)
     samples: dict[K, list[float]] = {name: [] for name in names}
-    for r in tqdm(range(warmup + rounds), desc="rounds", disable=not progress, leave=False):
+    for r in progress_bar(range(warmup + rounds), desc="rounds", enabled=progress):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
             _sync(device)

@@ -56,10 +56,11 @@ def out_dir(args: argparse.Namespace) -> Path:
 
 
 def progress(iterable, *, args: argparse.Namespace, desc: str, total: int | None = None):
-    """A tqdm bar over ``iterable`` that ``--no-progress`` silences."""
-    from tqdm.auto import tqdm
+    """A tqdm bar over ``iterable`` that ``--no-progress`` silences (and that is off where the
+    output is not a terminal)."""
+    from ..progress import progress_bar
 
-    return tqdm(iterable, desc=desc, total=total, disable=args.no_progress, dynamic_ncols=True)
+    return progress_bar(iterable, desc=desc, total=total, enabled=not args.no_progress, leave=True)
 
 
 @contextlib.contextmanager

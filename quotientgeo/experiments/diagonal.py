@@ -162,9 +162,8 @@ def sharpness_of(model: DiagonalNet, batches, *, rho: float, n_iter: int, seed: 
                 model,
                 mse,
                 batches,
-                metric=metric,
                 perturbation=perturbation,
-                symmetries=geometry,
+                symmetries=geometry.with_metric(metric),
                 **common,
             )
     return {k: r.value for k, r in out.items()}

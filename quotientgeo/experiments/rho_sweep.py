@@ -32,13 +32,11 @@ def map_errors(model, symmetries, metric: str, perturbation: dict) -> dict[str, 
     ``expmap`` at the tangent vector ``perturbation`` (parameter coordinates), in float64 and
     relative to the kind's whole displacement ``||y_exact - x||`` (heads that ``ξ*`` hardly moves
     would otherwise measure rounding)."""
-    from quotientgeo import ParameterGeometry, find_symmetries
-
-    geometry = symmetries if isinstance(symmetries, ParameterGeometry) else find_symmetries(model)
+    geometry = symmetries.with_metric(metric)
     points, _ = geometry.gather(dtype=torch.float64)
     xis, _ = geometry.gather(perturbation, dtype=torch.float64)
     worst: dict[str, float] = dict.fromkeys(MAPS, 0.0)
-    for m, x, xi in zip(geometry.manifolds(metric), points, xis, strict=True):
+    for m, x, xi in zip(geometry.manifolds(), points, xis, strict=True):
         exact = m.expmap(x, xi)
         span = torch.linalg.vector_norm(exact - x).clamp_min(1e-300)
         ys: dict[str, torch.Tensor] = {"second_order": m.expmap2(x, xi)}
@@ -52,7 +50,9 @@ def map_errors(model, symmetries, metric: str, perturbation: dict) -> dict[str, 
 
 
 def models(args):
-    """``{name: (model, loss_fn, batches, symmetries)}`` for the two networks."""
+    """``{name: (model, loss_fn, batches, geometry)}`` for the two networks."""
+    from quotientgeo import find_symmetries
+
     cfg = diagonal.Config.quick() if args.quick else diagonal.Config(n_models=1)
     cfg.n_models = 1
     data = diagonal.make_data(cfg, args.seed)
@@ -64,7 +64,7 @@ def models(args):
     vbatch = [(vdata["x_train"][:128], vdata["y_train"][:128])]
     return {
         "diagonal": (dnet, diagonal.mse, [(data["X"], data["y"])], diagonal.rescale_geometry(dnet)),
-        "transformer": (vit, _vit.cross_entropy, vbatch, "auto"),
+        "transformer": (vit, _vit.cross_entropy, vbatch, find_symmetries(vit)),
     }
 
 
@@ -105,9 +105,8 @@ def run(args: argparse.Namespace) -> int:
                     loss_fn,
                     batches,
                     rho=rho,
-                    metric=metric,
                     perturbation=pert,
-                    symmetries=sym,
+                    symmetries=sym.with_metric(metric),
                     n_iter=n_iter,
                     seed=args.seed,
                     progress=False,

@@ -31,11 +31,12 @@ import torch
 from torch import nn
 
 from ..diagnosis import Diagnosis
-from ..geometry import ParameterGeometry, find_symmetries
+from ..geometry import ParameterGeometry
 from ..linalg import tensor_sum
 from ..manifolds import AdaptiveGeometry, EuclideanGeometry, QuotientManifold
-from ..perturbation import MOVES, PERTURBATIONS, PerturbationSpace, move_of
-from ..sharpness import checked_metric
+from ..options import Perturbation, checked_metric, option
+from ..perturbation import MOVES, PerturbationSpace, move_of
+from ..symmetries import geometry_of
 from ..validation import positive_real
 
 Tensor = torch.Tensor
@@ -85,7 +86,7 @@ class GeodesicSAM(torch.optim.Optimizer):
         rho: float = 0.05,
         *,
         variant: str = "geodesic",
-        metric: str | float = "mix",
+        metric: str | float | None = None,
         perturbation: str = "second_order",
         symmetries: str | ParameterGeometry = "auto",
         eps: float | None = None,
@@ -96,23 +97,25 @@ class GeodesicSAM(torch.optim.Optimizer):
         rho = positive_real("rho", rho)
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-        if perturbation not in PERTURBATIONS:
-            raise ValueError(f"perturbation must be one of {PERTURBATIONS}, got {perturbation!r}")
+        perturbation = option(Perturbation, "perturbation", perturbation)
         metric = checked_metric(metric)
         if not callable(base_optimizer):
             raise TypeError("base_optimizer must be an optimizer class, e.g. torch.optim.AdamW")
         self.model = model
         self.variant = variant
-        self.geometry: ParameterGeometry = self._geometry(model, variant, symmetries)
+        self.geometry: ParameterGeometry = self._geometry(model, variant, symmetries, metric)
         if not self.geometry.params:
             raise ValueError("the model has no trainable parameters (requires_grad=True)")
         if variant == "geodesic":
-            self.manifolds: list[QuotientManifold] = self.geometry.manifolds(metric, eps=eps)
+            self.manifolds: list[QuotientManifold] = [
+                m if eps is None or m.metric_name is None else m.with_metric(m.metric_name, eps=eps)
+                for m in self.geometry.manifolds()
+            ]
             self.rest: QuotientManifold = self.geometry.rest_manifold()
         else:
             self.manifolds = []
             self.rest = EuclideanGeometry() if variant == "sam" else AdaptiveGeometry()
-        self.perturbation: str = perturbation
+        self.perturbation: Perturbation = perturbation
         params = list(self.geometry.params.values())
         super().__init__(params, dict(rho=rho, **kwargs))
         self.base_optimizer: torch.optim.Optimizer = base_optimizer(self.param_groups, **kwargs)
@@ -121,17 +124,13 @@ class GeodesicSAM(torch.optim.Optimizer):
         self._origin: list[Tensor] | tuple[Tensor, ...] | None = None
 
     @staticmethod
-    def _geometry(model, variant, symmetries) -> ParameterGeometry:
+    def _geometry(model, variant, symmetries, metric) -> ParameterGeometry:
         if variant != "geodesic":
             return ParameterGeometry(model)  # every parameter in the rest
-        if isinstance(symmetries, str) and symmetries == "auto":
-            return find_symmetries(model)
-        if isinstance(symmetries, ParameterGeometry):
-            if symmetries.model is not model:
-                raise ValueError(
-                    "the ParameterGeometry passed as symmetries describes another model"
-                )
-            return symmetries
+        if (isinstance(symmetries, str) and symmetries == "auto") or isinstance(
+            symmetries, ParameterGeometry
+        ):
+            return geometry_of(model, symmetries, metric, warn_missing=False)
         raise TypeError(f"symmetries must be 'auto' or a ParameterGeometry, got {symmetries!r}")
 
     # ------------------------------------------------------------------ the two steps
@@ -161,7 +160,9 @@ class GeodesicSAM(torch.optim.Optimizer):
                 PerturbationSpace(m, x, move_of(m, self.perturbation), m)
                 for m, x in zip(self.manifolds, points, strict=True)
             ]
-            spaces.append(PerturbationSpace(self.rest, w, MOVES["first_order"], self.rest))
+            spaces.append(
+                PerturbationSpace(self.rest, w, MOVES[Perturbation.FIRST_ORDER], self.rest)
+            )
             xi = [s.rgrad(g) for s, g in zip(spaces, [*grad_points, grad_w], strict=True)]
             norm = tensor_sum(s.sqnorm(v) for s, v in zip(spaces, xi, strict=True)).sqrt()
             scale = self.param_groups[0]["rho"] / (norm + torch.finfo(norm.dtype).tiny)

@@ -1,0 +1,216 @@
+r"""The :class:`Measure` value: what a sharpness measurement is, independent of the model.
+
+A measure is the ball (its radius ``ρ`` and its metric: ``norm``), the map that moves the
+symmetry blocks (``perturbation``), the metric and the symmetries of the geometry, and the
+case (worst over the ball by Auto-PGD, or average over its sphere). :meth:`Measure.evaluate`
+measures a model with it; the public functions :func:`~quotientgeo.geodesic_sharpness`,
+:func:`~quotientgeo.adaptive_sharpness` and :func:`~quotientgeo.average_sharpness` build one
+and call it. Studies, benchmarks, :func:`~quotientgeo.calibrate_rho` and the optimizer take
+measures as values::
+
+    measures = {
+        "adaptive": Measure.adaptive(0.1),
+        "geodesic_inv": Measure.geodesic(0.1, metric="inv"),
+    }
+    values = {name: m.evaluate(model, loss_fn, batches).value for name, m in measures.items()}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..geometry import ParameterGeometry
+from ..options import Distributed, Norm, Perturbation, checked_metric, option
+from ..validation import integer, positive_real, real_in
+from .cases import AverageCase, WorstCase
+from .result import SharpnessResult
+from .run import run
+
+Tensor = torch.Tensor
+
+__all__ = ["Measure"]
+
+Case = WorstCase | AverageCase
+
+
+@dataclasses.dataclass(frozen=True)
+class Measure:
+    """A sharpness measure (module docstring); build it with a named constructor.
+
+    Attributes:
+        name: what results and tables call it (``"geodesic"``, ``"adaptive"``,
+            ``"average"``, or a name of your own).
+        rho: ball radius ``ρ > 0``.
+        case: :class:`~quotientgeo.sharpness.cases.WorstCase` (Auto-PGD sizes) or
+            :class:`~quotientgeo.sharpness.cases.AverageCase` (samples).
+        perturbation: how symmetry blocks move (:class:`~quotientgeo.options.Perturbation`).
+        norm: the metric of the ball (:class:`~quotientgeo.options.Norm`).
+        metric: ``None`` (each block in the metric it declares), or the metric to declare
+            when ``symmetries="auto"``: ``"mix"``, ``"inv"`` or ``s ∈ [0, 1]``. With a
+            :class:`~quotientgeo.ParameterGeometry` it must agree with the declared metrics
+            (else ``ValueError``: pass ``geometry.with_metric(metric)`` instead).
+        symmetries: ``"auto"`` (:func:`~quotientgeo.find_symmetries`), a
+            :class:`~quotientgeo.ParameterGeometry` of the model, or ``None`` (every parameter
+            adaptive).
+        eps: Gram relaxation of the GL kinds (``P + eps·I``); ``None`` keeps the declared.
+        seed: seed of the random draws (restarts after the first, average samples), per batch
+            ``(seed, batch index)``.
+    """
+
+    name: str
+    rho: float
+    case: Case = dataclasses.field(default_factory=WorstCase)
+    perturbation: Perturbation = Perturbation.DEFAULT
+    norm: Norm = Norm.RIEMANNIAN
+    metric: str | float | None = None
+    symmetries: str | ParameterGeometry | None = "auto"
+    eps: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        fix = object.__setattr__  # normalise the fields of a frozen value
+        fix(self, "rho", positive_real("rho", self.rho))
+        fix(self, "perturbation", option(Perturbation, "perturbation", self.perturbation))
+        fix(self, "norm", option(Norm, "norm", self.norm))
+        fix(self, "metric", checked_metric(self.metric))
+        fix(self, "seed", integer("seed", self.seed))
+        if self.eps is not None:
+            fix(self, "eps", real_in("eps", self.eps, 0.0))
+        if not isinstance(self.case, WorstCase | AverageCase):
+            raise TypeError(f"case must be a WorstCase or an AverageCase, got {self.case!r}")
+        auto = isinstance(self.symmetries, str) and self.symmetries == "auto"
+        if not (auto or self.symmetries is None or isinstance(self.symmetries, ParameterGeometry)):
+            raise TypeError(
+                f"symmetries must be 'auto', None or a ParameterGeometry, got {self.symmetries!r}"
+            )
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def geodesic(
+        cls,
+        rho: float,
+        *,
+        metric: str | float | None = None,
+        perturbation: Perturbation | str = Perturbation.DEFAULT,
+        norm: Norm | str = Norm.RIEMANNIAN,
+        symmetries: str | ParameterGeometry | None = "auto",
+        n_iter: int = 100,
+        restarts: int = 1,
+        seed: int = 0,
+        eps: float | None = None,
+    ) -> Measure:
+        """Worst-case geodesic sharpness ``mean_S max_{||ξ||_x ≤ ρ} L_S(γ_ξ(1)) - L_S(x)``."""
+        return cls(
+            name="geodesic",
+            rho=rho,
+            case=WorstCase(n_iter, restarts),
+            perturbation=option(Perturbation, "perturbation", perturbation),
+            norm=option(Norm, "norm", norm),
+            metric=metric,
+            symmetries=symmetries,
+            eps=eps,
+            seed=seed,
+        )
+
+    @classmethod
+    def adaptive(
+        cls, rho: float, *, n_iter: int = 100, restarts: int = 1, seed: int = 0
+    ) -> Measure:
+        """Adaptive sharpness (Andriushchenko et al. 2023):
+        ``max_{||ξ ⊙ ŵ⁻¹||₂ ≤ ρ} L(w + ξ) - L(w)``, every parameter in the element-wise
+        geometry (``symmetries=None``), straight lines, the same Auto-PGD loop."""
+        return cls(
+            name="adaptive",
+            rho=rho,
+            case=WorstCase(n_iter, restarts),
+            perturbation=Perturbation.FIRST_ORDER,
+            norm=Norm.ADAPTIVE,
+            symmetries=None,
+            seed=seed,
+        )
+
+    @classmethod
+    def average(
+        cls,
+        rho: float,
+        *,
+        metric: str | float | None = None,
+        perturbation: Perturbation | str = Perturbation.DEFAULT,
+        norm: Norm | str = Norm.RIEMANNIAN,
+        symmetries: str | ParameterGeometry | None = "auto",
+        n_samples: int = 100,
+        seed: int = 0,
+        eps: float | None = None,
+    ) -> Measure:
+        """Average-case sharpness ``mean_S E_ξ L_S(γ_ξ(1)) - L_S(x)`` over ``||ξ||_x = ρ``."""
+        return cls(
+            name="average",
+            rho=rho,
+            case=AverageCase(n_samples),
+            perturbation=option(Perturbation, "perturbation", perturbation),
+            norm=option(Norm, "norm", norm),
+            metric=metric,
+            symmetries=symmetries,
+            eps=eps,
+            seed=seed,
+        )
+
+    def with_rho(self, rho: float) -> Measure:
+        """This measure on a ball of radius ``rho``."""
+        return dataclasses.replace(self, rho=rho)
+
+    def replace(self, **changes: Any) -> Measure:
+        """This measure with ``changes`` (field names; ``n_iter``, ``restarts``,
+        ``n_samples`` change the case)."""
+        case = {k: changes.pop(k) for k in ("n_iter", "restarts", "n_samples") if k in changes}
+        if case:
+            changes["case"] = dataclasses.replace(changes.get("case", self.case), **case)
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------------ measuring
+    def evaluate(
+        self,
+        model: nn.Module,
+        loss_fn: Callable[[nn.Module, Any], Tensor],
+        batches: Iterable,
+        *,
+        progress: bool = True,
+        distributed: Distributed | str = Distributed.BATCHES,
+        return_perturbation: bool = False,
+    ) -> SharpnessResult:
+        """Measure ``model``: the mean over ``batches`` of the per-batch value.
+
+        Args:
+            model: the network; read only (restored bit-exactly, also on errors and
+                ``KeyboardInterrupt``).
+            loss_fn: ``loss_fn(model, batch) -> scalar tensor`` (move the batch to the
+                model's device inside it if needed).
+            batches: any iterable of batches (a list, a ``DataLoader``), iterated once.
+            progress: a progress bar, on a terminal (and on rank 0 only).
+            distributed: ``"batches"``, ``"split_batch"`` or ``"off"`` in an initialised
+                process group (:mod:`quotientgeo.sharpness.ranks`); nothing without one.
+            return_perturbation: worst case only: also return each batch's worst
+                perturbation ``ξ*`` in parameter coordinates.
+        """
+        return run(
+            self, model, loss_fn, batches,
+            progress=progress, distributed=distributed, return_perturbation=return_perturbation,
+        )  # fmt: skip
+
+    def settings(self) -> dict[str, Any]:
+        """The fields as plain values, as results record them."""
+        return {
+            "measure": self.name,
+            "rho": self.rho,
+            "metric": self.metric,
+            "perturbation": self.perturbation.value,
+            "norm": self.norm.value,
+            "eps": self.eps,
+            "seed": self.seed,
+            **self.case.settings(),
+        }

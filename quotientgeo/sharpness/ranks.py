@@ -1,0 +1,195 @@
+"""How a sharpness measurement spreads over the ranks of a ``torch.distributed`` process group.
+
+One class per mode (the measures' ``distributed=`` argument, :class:`~quotientgeo.options.
+Distributed`), chosen by :func:`ranks_for` when the user has initialised a process group of
+more than one rank:
+
+- :class:`Batches` (``"batches"``, default): each rank measures its own batches (the
+  ``DistributedSampler`` convention); at the end every rank receives all ranks' per-batch
+  records in rank order, so every rank returns the result one process returns for the
+  concatenated list of batches. Random draws are seeded per global batch index, so they do
+  not depend on the split.
+- :class:`SplitBatch` (``"split_batch"``): the ``k``-th batches of all ranks form one global
+  batch. Every iteration the loss and the gradient with respect to the shared perturbation are
+  averaged over ranks (one all-reduce of a flat buffer), so all ranks follow one perturbation.
+  This equals one process measuring the concatenated batch when ``loss_fn`` is a mean over
+  equally sized rank batches (the mean of the rank means is then the global mean).
+- :class:`Local` (``"off"``, or no process group): each rank returns its local result.
+
+A failure on one rank (a raising ``loss_fn``, a non-finite loss) makes every rank raise a
+``RuntimeError`` naming the rank, batch and iteration, instead of leaving the others waiting
+in a collective.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from ..options import Distributed, option
+
+Tensor = torch.Tensor
+
+__all__ = ["Batches", "Local", "SplitBatch", "ranks_for"]
+
+Evaluation = tuple[Tensor, list[Tensor] | None]
+
+
+def ranks_for(mode: Distributed | str) -> Local:
+    """The rank mode for ``distributed=mode`` in the current process group (:class:`Local`
+    without an initialised group of several ranks)."""
+    mode = option(Distributed, "distributed", mode)
+    dist = torch.distributed
+    active = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if mode == Distributed.OFF or not active:
+        return Local()
+    return {Distributed.BATCHES: Batches, Distributed.SPLIT_BATCH: SplitBatch}[mode]()
+
+
+class Local:
+    """One process measures its batches alone."""
+
+    mode = Distributed.OFF
+
+    def __init__(self) -> None:
+        self.rank, self.world = 0, 1
+
+    def batch_offset(self, batches) -> int:
+        """Global index of this rank's first batch."""
+        return 0
+
+    def evaluate(
+        self, evaluate: Callable[[], Evaluation], cs: list[Tensor], where, grad: bool
+    ) -> Evaluation:
+        """The loss and gradients of ``evaluate()`` as the measure uses them."""
+        return evaluate()
+
+    def check_finite(self, finite: bool) -> None:
+        """Called with whether the losses so far are finite, before a non-finite one raises."""
+
+    def failure(self, err: Exception) -> str:
+        """What to do with an exception raised while measuring this rank's batches: raise it."""
+        raise err
+
+    def collect(self, records: list, failure: str | None) -> list:
+        """This rank's records (and those of the others, where the mode gathers them)."""
+        return records
+
+
+class _Group(Local):
+    """A mode of an initialised process group of several ranks."""
+
+    def __init__(self) -> None:
+        dist = torch.distributed
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+
+    def gather(self, value) -> list:
+        """``value`` of every rank, in rank order."""
+        out = [None] * self.world
+        torch.distributed.all_gather_object(out, value)
+        return out
+
+    def counts(self, batches) -> list[int]:
+        """Every rank's number of batches (all of them must have a length)."""
+        try:
+            count = len(batches)
+        except TypeError:
+            count = None
+        counts = self.gather(count)
+        missing = [r for r, c in enumerate(counts) if c is None]
+        if missing:
+            raise ValueError(
+                f"distributed sharpness needs batches with a length (a list, a DataLoader); "
+                f"rank(s) {missing} passed an iterable without one"
+            )
+        return counts
+
+    def raise_failures(self, failure: str | None) -> None:
+        """Raise on every rank if any rank reports a failure (a collective: all must call)."""
+        failures = self.gather(failure)
+        bad = [(r, f) for r, f in enumerate(failures) if f is not None]
+        if bad:
+            lines = "; ".join(f"rank {r}: {f}" for r, f in bad)
+            raise RuntimeError(f"sharpness failed on {len(bad)} rank(s): {lines}")
+
+
+class Batches(_Group):
+    """Each rank its own batches; the records of all ranks gathered at the end."""
+
+    mode = Distributed.BATCHES
+
+    def batch_offset(self, batches) -> int:
+        return sum(self.counts(batches)[: self.rank])
+
+    def failure(self, err: Exception) -> str:
+        # the other ranks will wait in the gather of collect: report there
+        return f"{type(err).__name__}: {err}" + "".join(
+            f" ({note})" for note in getattr(err, "__notes__", ())
+        )
+
+    def collect(self, records: list, failure: str | None) -> list:
+        self.raise_failures(failure)
+        return [r for part in self.gather(records) for r in part]
+
+
+class SplitBatch(_Group):
+    """The ``k``-th batches of all ranks are one batch: losses and gradients averaged."""
+
+    mode = Distributed.SPLIT_BATCH
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_failure: str | None = None  # this rank's first exception
+        self.local_losses: list = []  # (where, loss) since the last finiteness check
+
+    def batch_offset(self, batches) -> int:
+        counts = self.counts(batches)
+        if len(set(counts)) != 1:
+            raise ValueError(
+                f"distributed='split_batch' pairs the k-th batches of all ranks, but the ranks "
+                f"hold {counts} batches"
+            )
+        return 0
+
+    def evaluate(
+        self, evaluate: Callable[[], Evaluation], cs: list[Tensor], where, grad: bool
+    ) -> Evaluation:
+        """Averaged over ranks; an exception on this rank is kept (and reported at the next
+        finiteness check) and contributes NaN, so that no rank waits alone."""
+        try:
+            loss, grads = evaluate()
+            self.local_losses.append((where, loss))  # checked lazily, without a sync here
+        except Exception as err:
+            if self.first_failure is None:
+                self.first_failure = f"{where}: {type(err).__name__}: {err}"
+            loss = torch.full((), math.nan, dtype=cs[0].dtype, device=cs[0].device)
+            grads = [torch.zeros_like(c) for c in cs] if grad else None
+        return self.average(loss, grads)
+
+    def check_finite(self, finite: bool) -> None:
+        if not finite:  # every rank sees the same averaged losses: all get here
+            self.raise_failures(self.local_failure())
+        self.local_losses.clear()
+
+    def local_failure(self) -> str | None:
+        """What failed on this rank: an exception, else its first non-finite local loss."""
+        if self.first_failure is not None:
+            return self.first_failure
+        for where, loss in self.local_losses:
+            if not bool(torch.isfinite(loss)):
+                return f"non-finite loss ({float(loss)}) at {where}"
+        return None
+
+    def average(self, loss: Tensor, grads: list[Tensor] | None) -> Evaluation:
+        """Loss and gradients averaged over ranks, in one all-reduce of a flat buffer."""
+        parts = [loss.reshape(1)] + ([g.reshape(-1) for g in grads] if grads else [])
+        flat = torch.cat(parts)
+        torch.distributed.all_reduce(flat)
+        flat /= self.world
+        if not grads:
+            return flat[0], grads
+        sizes = [1] + [g.numel() for g in grads]
+        pieces = flat.split(sizes)
+        return pieces[0][0], [p.view_as(g) for p, g in zip(pieces[1:], grads, strict=True)]

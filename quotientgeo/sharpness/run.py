@@ -1,0 +1,120 @@
+"""The batch driver: one measure, one model, every batch; the model preserved throughout."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from ..progress import progress_bar
+from ..symmetries import geometry_of
+from .cases import WorstCase
+from .checks import check_batches, check_loss_fn, check_model, warn_if_resolution
+from .objective import Objective, Where
+from .ranks import ranks_for
+from .result import SharpnessResult
+from .state import model_state_preserved
+
+if TYPE_CHECKING:
+    from .measure import Measure
+
+Tensor = torch.Tensor
+
+__all__ = ["batch_seed", "run"]
+
+
+def batch_seed(seed: int, index: int) -> int:
+    """Seed of the random draws for the batch of global index ``index`` (split independent)."""
+    return (seed * 1_000_003 + index) % 2**63
+
+
+def _length(batches) -> int | None:
+    """``len(batches)``, or ``None`` when it has none (a generator; a ``DataLoader`` over an
+    ``IterableDataset``, whose ``len`` raises)."""
+    try:
+        return len(batches)
+    except TypeError:
+        return None
+
+
+def run(
+    measure: Measure,
+    model: nn.Module,
+    loss_fn: Callable[[nn.Module, Any], Tensor],
+    batches: Iterable,
+    *,
+    progress: bool,
+    distributed: str,
+    return_perturbation: bool,
+) -> SharpnessResult:
+    """``measure`` of ``model`` over ``batches`` (:meth:`Measure.evaluate`)."""
+    check_model(model)
+    check_loss_fn(loss_fn)
+    check_batches(batches)
+    if not isinstance(return_perturbation, bool):
+        raise TypeError(f"return_perturbation must be True or False, got {return_perturbation!r}")
+    if return_perturbation and not isinstance(measure.case, WorstCase):
+        raise ValueError("return_perturbation=True needs a worst-case measure")
+    geometry = geometry_of(
+        model, measure.symmetries, measure.metric, warn_missing=measure.name != "adaptive"
+    )
+    ranks = ranks_for(distributed)
+    t0 = time.perf_counter()
+    count = _length(batches)
+    bar = progress_bar(
+        total=None if count is None else count * measure.case.steps,
+        desc=f"{measure.name} sharpness",
+        enabled=progress and ranks.rank == 0,
+    )
+    offset = ranks.batch_offset(batches)
+    records, failure = [], None
+    with model_state_preserved(model), bar:
+        try:
+            objective = Objective(
+                model, loss_fn, geometry, measure.perturbation, measure.norm, measure.eps, ranks
+            )
+            gen = torch.Generator(device=objective.device)
+            for i, batch in enumerate(batches):
+                gen.manual_seed(batch_seed(measure.seed, offset + i))
+                records.append(
+                    measure.case.measure_batch(
+                        objective,
+                        batch,
+                        Where(offset + i),
+                        gen,
+                        measure,
+                        return_perturbation,
+                        lambda: bar.update(1),
+                    )
+                )
+        except Exception as err:  # raised here, or (distributed="batches") on every rank
+            failure = ranks.failure(err)
+    records = ranks.collect(records, failure)
+    if not records:
+        raise ValueError("batches is empty: nothing to measure sharpness on")
+    warn_if_resolution([r.loss - r.base_loss for r in records], geometry)
+    declared = geometry.metrics
+    settings = {
+        **measure.settings(),
+        "metric": measure.metric if measure.metric is not None else _declared(declared),
+        "n_batches": len(records),
+        "distributed": ranks.mode.value,
+        "world_size": ranks.world,
+        "symmetric_blocks": len(geometry.blocks),
+        "dtype": str(geometry.compute_dtype),
+        "device": str(geometry.device),
+        "geometry": geometry.summary(),
+    }
+    return SharpnessResult.from_records(
+        records, settings, time.perf_counter() - t0, geometry.device
+    )
+
+
+def _declared(metrics: tuple) -> str | float | list | None:
+    """The declared metric as settings record it: one name, a list of several, or ``None``."""
+    if not metrics:
+        return None
+    return metrics[0] if len(metrics) == 1 else list(metrics)

@@ -1,0 +1,64 @@
+"""Which parameter geometry a measure or the optimizer uses, in the metric it declares."""
+
+from __future__ import annotations
+
+import warnings
+
+from torch import nn
+
+from .geometry import HALF, ParameterGeometry, find_symmetries
+
+__all__ = ["geometry_of"]
+
+
+def geometry_of(
+    model: nn.Module, symmetries, metric: str | float | None, *, warn_missing: bool
+) -> ParameterGeometry:
+    """The geometry a measure uses, in the metric it declares.
+
+    ``symmetries="auto"``: :func:`~quotientgeo.find_symmetries`, declared in ``metric`` when
+    one is named; ``None``: every parameter adaptive; a :class:`ParameterGeometry`: as
+    declared, and a ``metric`` that differs from a declared one is an error (the geometry's
+    :meth:`~ParameterGeometry.with_metric` measures it in another metric).
+    """
+    if isinstance(symmetries, str) and symmetries == "auto":
+        geometry = find_symmetries(model)
+        if metric is not None:
+            geometry = geometry.with_metric(metric)
+        if not geometry.kinds and warn_missing:
+            warnings.warn(
+                f"no parameter symmetry detected in {type(model).__name__}: every parameter is "
+                "measured in the adaptive geometry (declare blocks with ParameterGeometry for "
+                "custom architectures)",
+                UserWarning,
+                stacklevel=4,
+            )
+    elif symmetries is None:
+        geometry = ParameterGeometry(model)
+    elif isinstance(symmetries, ParameterGeometry):
+        if symmetries.model is not model:
+            raise ValueError("the ParameterGeometry passed as symmetries describes another model")
+        geometry = symmetries
+        other = [m for m in geometry.metrics if m != metric]
+        if metric is not None and other:
+            raise ValueError(
+                f"metric={metric!r}, but the geometry declares {', '.join(map(repr, other))}: "
+                "a geometry is measured in the metric it declares; pass metric=None, or "
+                f"symmetries=geometry.with_metric({metric!r}) to measure it in {metric!r}"
+            )
+    else:
+        raise TypeError(
+            f"symmetries must be 'auto', None or a ParameterGeometry, got {symmetries!r}"
+        )
+    if not geometry.params:
+        raise ValueError("the model has no trainable parameters (requires_grad=True)")
+    half = sorted({str(p.dtype) for p in geometry.params.values() if p.dtype in HALF})
+    if half:
+        warnings.warn(
+            f"the model has {', '.join(half)} parameters: the geometry (points, perturbations, "
+            "projections, norms) is computed in float32 and perturbed weights are cast back to "
+            "the parameters' dtype for the forward pass",
+            UserWarning,
+            stacklevel=4,
+        )
+    return geometry

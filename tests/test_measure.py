@@ -1,0 +1,217 @@
+"""The Measure value, its entry point, and the guards a new user meets."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_same, snapshot
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from quotientgeo import (
+    Measure,
+    adaptive_sharpness,
+    average_sharpness,
+    calibrate_rho,
+    geodesic_sharpness,
+)
+from quotientgeo.options import Norm, Perturbation
+from quotientgeo.progress import progress_bar
+from quotientgeo.testing import TinyTransformerClassifier, cross_entropy
+
+DT = torch.float64
+
+
+def transformer(seed=0, dtype=DT):
+    torch.manual_seed(seed)
+    return TinyTransformerClassifier(8, 2, 1, classes=3).to(dtype).eval()
+
+
+def batches(n=2, dtype=DT):
+    gen = torch.Generator().manual_seed(1)
+    return [
+        (torch.randn(4, 5, 8, generator=gen, dtype=dtype), torch.randint(0, 3, (4,), generator=gen))
+        for _ in range(n)
+    ]
+
+
+def mlp(dtype=DT):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)).to(dtype)
+
+
+def mlp_loss(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+MLP_BATCH = (torch.randn(10, 5, dtype=DT), torch.randint(0, 3, (10,)))
+
+
+# ---------------------------------------------------------------------- the value
+@settings(max_examples=8, deadline=None)
+@given(
+    rho=st.floats(1e-3, 1.0),
+    metric=st.sampled_from([None, "mix", "inv", 0.25]),
+    perturbation=st.sampled_from(list(Perturbation)),
+    seed=st.integers(0, 3),
+)
+def test_the_functions_are_their_measures(rho, metric, perturbation, seed):
+    """Each public function returns exactly what its ``Measure`` evaluates to."""
+    model, data = transformer(), batches(1)
+    kw = dict(metric=metric, perturbation=perturbation, seed=seed)
+    direct = geodesic_sharpness(model, cross_entropy, data, rho=rho, n_iter=3, progress=False, **kw)
+    measure = Measure.geodesic(rho, n_iter=3, **kw)
+    via = measure.evaluate(model, cross_entropy, data, progress=False)
+    assert direct.per_batch == via.per_batch and direct.trace == via.trace
+    assert {k: v for k, v in direct.settings.items()} == via.settings
+    avg = average_sharpness(model, cross_entropy, data, rho=rho, n_samples=3, **kw, progress=False)
+    via = Measure.average(rho, n_samples=3, **kw).evaluate(
+        model, cross_entropy, data, progress=False
+    )
+    assert avg.per_batch == via.per_batch
+    ada = adaptive_sharpness(model, cross_entropy, data, rho=rho, n_iter=3, progress=False)
+    via = Measure.adaptive(rho, n_iter=3).evaluate(model, cross_entropy, data, progress=False)
+    assert ada.per_batch == via.per_batch
+
+
+def test_a_measure_is_a_frozen_value():
+    m = Measure.geodesic(0.1, metric="inv", perturbation="second_order", n_iter=7)
+    assert m == Measure.geodesic(0.1, metric="inv", perturbation="second_order", n_iter=7)
+    assert hash(m) == hash(
+        Measure.geodesic(0.1, metric="inv", perturbation="second_order", n_iter=7)
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.rho = 0.2  # type: ignore[misc]
+    assert m.perturbation is Perturbation.SECOND_ORDER and m.norm is Norm.RIEMANNIAN
+    assert m.with_rho(0.3).rho == 0.3 and m.rho == 0.1
+    assert m.replace(n_iter=9).case.n_iter == 9 and m.case.n_iter == 7
+    adaptive = Measure.adaptive(0.1)
+    assert (adaptive.symmetries, adaptive.perturbation, adaptive.norm) == (
+        None,
+        Perturbation.FIRST_ORDER,
+        Norm.ADAPTIVE,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"perturbation": "third_order"}, "perturbation must be one of"),
+        ({"norm": "l1"}, "norm must be one of"),
+        ({"metric": "euclid"}, "metric must be one of"),
+        ({"metric": 1.5}, "must lie in"),
+        ({"n_iter": 0}, "n_iter must be a positive integer"),
+        ({"symmetries": "all"}, "symmetries must be 'auto', None or a ParameterGeometry"),
+    ],
+)
+def test_bad_fields_are_refused_when_the_measure_is_built(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        Measure.geodesic(0.1, **kwargs)
+    with pytest.raises(ValueError, match="rho"):
+        Measure.geodesic(-1.0)
+
+
+def test_calibration_takes_a_measure():
+    """``calibrate_rho(measure=Measure)`` equals the named form with the same settings."""
+    model, data = transformer(), batches(1)
+    kw = dict(target=0.05, low=0.01, high=1.0, rtol=0.2, progress=False)
+    by_value = calibrate_rho(
+        model, cross_entropy, data, measure=Measure.geodesic(1.0, metric="inv", n_iter=4), **kw
+    )
+    by_name = calibrate_rho(
+        model, cross_entropy, data, measure="geodesic", metric="inv", n_iter=4, **kw
+    )
+    assert by_value == by_name and by_value.measure == "geodesic"
+    with pytest.raises(TypeError, match="constructor"):
+        calibrate_rho(model, cross_entropy, data, measure=Measure.adaptive(1.0), n_iter=3, **kw)
+
+
+# ---------------------------------------------------------------------- new-user guards
+@pytest.mark.parametrize(
+    ("loss_fn", "match"),
+    [
+        (lambda m, x, y: F.cross_entropy(m(x), y), r"signature is \(m, x, y\)"),
+        (lambda batch: batch, r"signature is \(batch\)"),
+    ],
+)
+def test_a_loss_fn_of_the_wrong_signature_is_named(loss_fn, match):
+    model = mlp()
+    before = snapshot(model)
+    with pytest.raises(TypeError, match=r"loss_fn must be callable as loss_fn\(model, batch\)"):
+        adaptive_sharpness(model, loss_fn, [MLP_BATCH], rho=0.1, n_iter=2, progress=False)
+    with pytest.raises(TypeError, match=match):
+        adaptive_sharpness(model, loss_fn, [MLP_BATCH], rho=0.1, n_iter=2, progress=False)
+    assert_same(before, snapshot(model))
+
+
+@pytest.mark.parametrize(
+    ("one_batch", "match"),
+    [
+        (MLP_BATCH, r"tuple of 2 tensors: it looks like one batch \(x, y\)"),
+        (MLP_BATCH[0], "batches is a tensor"),
+        ({"x": MLP_BATCH[0]}, "batches is a mapping"),
+        (3, "batches must be an iterable of batches"),
+    ],
+)
+def test_one_batch_passed_as_batches_is_named(one_batch, match):
+    with pytest.raises(TypeError, match=match):
+        adaptive_sharpness(mlp(), mlp_loss, one_batch, rho=0.1, n_iter=2, progress=False)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes are Python 3.11+")
+@pytest.mark.parametrize("fail_at", [0, 3])
+def test_an_exception_in_loss_fn_names_batch_and_iteration(fail_at):
+    """The exception keeps its type and gains a note with the batch and the iteration."""
+    calls = {"n": 0}
+
+    def loss_fn(model, batch):
+        calls["n"] += 1
+        if calls["n"] > fail_at and batch is data[1]:
+            raise KeyError("labels")
+        return mlp_loss(model, batch)
+
+    model, data = mlp(), [MLP_BATCH, (MLP_BATCH[0] + 1, MLP_BATCH[1])]
+    before = snapshot(model)
+    with pytest.raises(KeyError, match="labels") as info:
+        geodesic_sharpness(model, loss_fn, data, rho=0.1, n_iter=5, progress=False)
+    (note,) = info.value.__notes__
+    assert note.startswith("raised by loss_fn on batch 1, iteration 0 (restart 0)")
+    assert_same(before, snapshot(model))
+
+
+def test_a_half_precision_value_of_zero_is_flagged():
+    """A bf16 loss whose increase rounds to 0 does not pass for flatness."""
+    model = mlp(torch.bfloat16)
+
+    def flat_loss(model, batch):  # a loss far above the perturbation's effect at bf16 resolution
+        return (
+            mlp_loss(model, batch) * 0
+            + torch.tensor(300.0, dtype=torch.bfloat16)
+            + (model[0].weight.sum() * 1e-6).to(torch.bfloat16)
+        )
+
+    data = [(MLP_BATCH[0].bfloat16(), MLP_BATCH[1])]
+    with pytest.warns(UserWarning, match="below the resolution of its dtype"):
+        result = adaptive_sharpness(model, flat_loss, data, rho=1e-3, n_iter=2, progress=False)
+    assert result.value == 0.0
+
+
+def test_a_progress_bar_is_off_where_output_is_not_a_terminal(monkeypatch):
+    """``progress=True`` shows a bar on a terminal only, so batch-job logs are not flooded."""
+    stream = io.StringIO()  # not a terminal
+    bar = progress_bar(range(3), desc="x", enabled=True)
+    assert bar.disable is False or not sys.stderr.isatty()
+    quiet = progress_bar(range(3), enabled=True)
+    quiet.fp = stream
+    list(quiet)
+    assert stream.getvalue() == ""
+    monkeypatch.setattr(sys, "stderr", stream)
+    assert progress_bar(total=3, enabled=True).disable is True
+    assert progress_bar(total=3, enabled=False).disable is True
