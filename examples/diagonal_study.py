@@ -30,7 +30,7 @@ for u, v in zip(nets["u"], nets["v"], strict=True):
     kw = dict(rho=0.1, n_iter=100, progress=False)
     scores["adaptive"].append(adaptive_sharpness(model, mse, batches, **kw).value)
     for metric in ("inv", "mix"):
-        s = geodesic_sharpness(model, mse, batches, metric=metric, symmetries=symmetry, **kw)
+        s = geodesic_sharpness(model, mse, batches, symmetries=symmetry.with_metric(metric), **kw)
         scores[f"geodesic {metric}"].append(s.value)
 
 for name, values in scores.items():
