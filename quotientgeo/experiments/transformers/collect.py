@@ -95,9 +95,7 @@ def collect(config: Config, population: C.Population, out: Path) -> Records:
     show = config.progress and population.is_reporter
 
     def bar(desc: str, total: int):
-        from ...progress import progress_bar
-
-        return progress_bar(None, desc=desc, total=total, enabled=show, leave=True)
+        return C.counter(desc, total, enabled=show)
 
     def train() -> tuple[dict, list]:
         base = population.map(lambda _: _finetune.pretrained(pre, data, cache), [None])[0]
