@@ -105,6 +105,14 @@ def collect(config: Config, population: C.Population, out: Path) -> Records:
             )
         return base, fine
 
+    def calibrated(model) -> dict[str, Calibrated]:
+        names = config.calibrated
+        with bar("calibrating ρ₁", len(population.mine(len(names)))) as b:
+            found = population.map(
+                lambda n: calibrate(model, batches, config, config.measures[n]), names, bar=b
+            )
+        return dict(zip(names, found, strict=True))
+
     def measured(models: list, plan: Plan, desc: str) -> list[Measurement]:
         def one(item: tuple[int, Any]) -> list[Measurement]:
             k, model = item
@@ -117,17 +125,7 @@ def collect(config: Config, population: C.Population, out: Path) -> Records:
     with C.threads(config.threads):
         base, fine = timer("training", train)
         models = [model for model, _ in fine]
-        names = config.calibrated
-        with bar("calibrating ρ₁", len(population.mine(len(names)))) as b:
-            found = timer(
-                "calibration",
-                lambda: population.map(
-                    lambda n: calibrate(models[0], batches, config, config.measures[n]),
-                    names,
-                    bar=b,
-                ),
-            )
-        calibration = dict(zip(names, found, strict=True))
+        calibration = timer("calibration", lambda: calibrated(models[0]))
         rho1 = {row: c.rho for row, c in calibration.items()}
         grid = grid_plan(config, rho1)
         on_grid = timer("grid", lambda: measured(models, grid, "τ(ρ) grid"))
