@@ -20,6 +20,7 @@ from torch.multiprocessing.spawn import spawn as spawn_processes
 __all__ = [
     "Population",
     "add_common_arguments",
+    "counter",
     "finite_or_none",
     "kendall",
     "kendall_interval",
@@ -61,6 +62,14 @@ def progress(iterable, *, args: argparse.Namespace, desc: str, total: int | None
     from ..progress import progress_bar
 
     return progress_bar(iterable, desc=desc, total=total, enabled=not args.no_progress, leave=True)
+
+
+def counter(desc: str, total: int, *, enabled: bool):
+    """A tqdm bar of ``total`` steps to ``update`` by hand (for :meth:`Population.map`), off
+    when not ``enabled`` and where the output is not a terminal."""
+    from ..progress import progress_bar
+
+    return progress_bar(None, desc=desc, total=total, enabled=enabled, leave=True)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,97 @@
+r"""``quotientgeo reproduce transformers``: sharpness vs generalization of a fine-tuned ViT
+population, across the radius ``ρ``.
+
+The paper's study (section 5.3, Table 1, Appendix G) at laptop scale, in the paper's regime:
+
+- **population**: one small ViT pretrained on the digits 0–4, fine-tuned ``--n-models`` times on
+  the held-out digits 5–9 with random learning rate, weight decay, epochs, batch size, label
+  smoothing, training subset and augmentation (:mod:`._finetune`); the generalization gap is
+  test error minus train error;
+- **data of every measure**: the same fixed training batches (inside every member's subset);
+- **radii**: each measure with its own ball (adaptive, geodesic inv and mix, and the ablations
+  that change the ball) is calibrated on a reference member (member 0) with
+  :func:`quotientgeo.calibrate_rho`: ``ρ₁`` is the radius at which its worst-case loss increase
+  is ``--target`` nats (1). The study runs on the grid ``ρ = f · ρ₁`` with
+  ``f ∈ 10^{-2}, 10^{-1.5}, …, 10^{1}``, from first-order sharpness to several nats;
+- **τ(ρ)**: Kendall τ of each measure with the gap at every grid point, with a bootstrap band
+  over models, and the *curvature share* of geodesic sharpness: ``(S₂ - S₁) / S₂`` with ``S₂``
+  the second-order value and ``S₁`` the loss increase at the first-order move ``x + ξ*`` of the
+  same maximiser ``ξ*`` (population median);
+- **ablations** at two radii, ``f = 1`` (fixed in advance: the ``--target`` radius) and the grid
+  point where geodesic sharpness predicts best (largest mean ``|τ|`` of inv and mix): symmetry
+  off (``symmetries=None``, which is adaptive sharpness exactly), first-order, second-order and
+  exact perturbation (same ball as the second-order row), adaptive instead of Riemannian norm,
+  and the metric spectrum ``(1-s)·inv + s·mix``; rows with their own ball use ``f`` times their
+  own calibrated ``ρ₁``.
+
+The study is a pipeline (:mod:`..pipeline`): :mod:`.config` (sizes and the measure of every
+row), :mod:`.collect` (typed records, :mod:`.records`), :mod:`.analyse` (statistics from the
+records only) and :mod:`.report` (tables, JSON, :mod:`.figures`). Models are cached under
+``--out/models``, so re-running only re-measures. The work is split over
+``--workers`` local processes (2 by default, one per core of a laptop; ``--quick``: 1), or over
+the ranks of ``torchrun --nproc_per_node N``; rank 0 writes ``transformers.json``,
+``transformers.png`` (sharpness vs gap at both radii) and ``tau_by_rho.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .. import _common as C
+from ..pipeline import run_study
+from .analyse import Analysis
+from .analyse import analyse as _analyse
+from .collect import collect as _collect
+from .config import Config
+from .config import config as _config
+from .figures import figures
+from .records import Records
+from .report import report as _report
+
+__all__ = ["STUDY", "add_arguments", "figures", "run"]
+
+
+class TransformersStudy:
+    """The study's four steps (:class:`~..pipeline.Study`)."""
+
+    name = "transformers"
+
+    def config(self, args: argparse.Namespace) -> Config:
+        return _config(args)
+
+    def collect(self, config: Config, population: C.Population, out: Path) -> Records:
+        return _collect(config, population, out)
+
+    def analyse(self, config: Config, records: Records) -> Analysis:
+        return _analyse(config, records)
+
+    def report(self, config: Config, analysis: Analysis, out: Path) -> dict:
+        return _report(config, analysis, out)
+
+
+STUDY = TransformersStudy()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    C.add_common_arguments(parser, "transformers")
+    parser.add_argument("--n-models", type=int, default=None, help="population size (40)")
+    parser.add_argument("--n-iter", type=int, default=None, help="Auto-PGD iterations (20)")
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=1.0,
+        help="loss increase (nats) that calibrates ρ₁ of every measure (1)",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=None, help="local processes sharing the work (2; --quick: 1)"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process (1)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fine-tuned ViT population (§5.3, App. G): Kendall τ across ρ, curvature share, ablations."""
+    workers = args.workers or (1 if args.quick else 2)
+    if workers > 1 and not C.under_torchrun():
+        return C.spawn(run, args, workers)
+    return run_study(STUDY, args)
