@@ -1,5 +1,11 @@
 """Discovery on today's transformer families, checked by moving tiny random models.
 
+Families: GPT-2, DistilBERT, OPT, BART, Whisper, BLOOM, Llama, Mistral, Mixtral, Qwen2/3,
+Gemma 2/3, Phi-3, StableLM (with and without q/k LayerNorm), GPT-NeoX, GPT-J, Falcon
+(multi-query, new decoder architecture with grouped key/value heads, ALiBi), DeBERTa-v2 (with
+shared and with separate position projections), ModernBERT, timm's ViT (with and without
+``qk_norm``).
+
 For every family: the blocks found carry the architecture's own group (GL(h), the rotary
 subgroup, positive scales); moving every block by a random element of that group leaves the
 output unchanged, leaves geodesic sharpness (both metrics) unchanged to 1e-3 and changes
@@ -29,7 +35,7 @@ import transformers as hf
 from conftest import assert_roundtrip_exact, assert_sharpness_invariance
 from torch import nn
 
-from quotientgeo import GLQuotient, find_symmetries
+from quotientgeo import GLQuotient, ParameterGeometry, find_symmetries
 from quotientgeo.testing import moved_along_orbits
 
 DT = torch.float64
@@ -64,6 +70,26 @@ def tiny_vit(depth: int = 2, **kw) -> nn.Module:
         "vit_tiny_patch16_224", pretrained=False, img_size=16, patch_size=8, embed_dim=32,
         depth=depth, num_heads=4, num_classes=5, **kw,
     )  # fmt: skip
+
+
+def falcon(**kw) -> hf.FalconConfig:
+    """Falcon; multi-query attention with rotary embeddings unless ``kw`` says otherwise."""
+    return hf.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           vocab_size=VOCAB, **kw)  # fmt: skip
+
+
+def deberta_v2(**kw) -> hf.DebertaV2Config:
+    """DeBERTa-v2 with both disentangled position terms (content→position, position→content)."""
+    return hf.DebertaV2Config(
+        **HIDDEN, vocab_size=VOCAB, relative_attention=True, pos_att_type=["c2p", "p2c"],
+        position_buckets=4, max_relative_positions=8, **kw,
+    )  # fmt: skip
+
+
+def modernbert() -> hf.ModernBertConfig:
+    """ModernBERT: fused ``Wqkv`` rows and rotary embeddings."""
+    special = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+    return hf.ModernBertConfig(**HIDDEN, vocab_size=VOCAB, **special)
 
 
 def decoder(config_cls, model_cls, qk_group: str, **kw) -> Family:
@@ -153,6 +179,41 @@ FAMILIES = {
         {"GL(8)", "(C*)^2 × GL(4)"},
         exact=False,
     ),
+    "mixtral": decoder(
+        hf.MixtralConfig,
+        hf.MixtralForCausalLM,
+        "(C*)^4",
+        # both experts always chosen: no routing decision flips at float32 rounding
+        num_local_experts=2,
+        num_experts_per_tok=2,
+        experts_implementation="eager",
+    ),
+    "stablelm": Family(
+        lambda: hf.StableLmForCausalLM(hf.StableLmConfig(**DECODER, partial_rotary_factor=0.5)),
+        {"GL(8)", "(C*)^2 × GL(4)"},
+    ),
+    "stablelm_qk_norm": Family(
+        lambda: hf.StableLmForCausalLM(
+            hf.StableLmConfig(**DECODER, qk_layernorm=True, layer_norm_eps=1e-12)
+        ),
+        {"GL(8)", "positive scale R>0"},
+    ),
+    "falcon": Family(lambda: hf.FalconForCausalLM(falcon()), {"GL(8)", "(C*)^4"}),
+    "falcon_new_decoder": Family(
+        lambda: hf.FalconForCausalLM(falcon(new_decoder_architecture=True, num_kv_heads=2)),
+        {"GL(8)", "(C*)^4"},
+    ),
+    "falcon_alibi": Family(
+        lambda: hf.FalconForCausalLM(falcon(alibi=True, multi_query=False, parallel_attn=False)),
+        {"GL(8)"},
+    ),
+    "deberta_v2": Family(
+        lambda: hf.DebertaV2ForMaskedLM(deberta_v2(share_att_key=True)), {"GL(8)"}
+    ),
+    "deberta_v2_pos_proj": Family(
+        lambda: hf.DebertaV2ForMaskedLM(deberta_v2(share_att_key=False)), {"GL(8)"}
+    ),
+    "modernbert": Family(lambda: hf.ModernBertForMaskedLM(modernbert()), {"GL(8)", "(C*)^4"}),
     "timm_vit": Family(tiny_vit, {"GL(8)"}, inputs="image"),
     "timm_vit_qk_norm": Family(
         lambda: tiny_vit(qk_norm=True, norm_layer=functools.partial(nn.LayerNorm, eps=1e-12)),
@@ -292,6 +353,34 @@ def test_non_scalar_move_of_a_normed_head_changes_the_output(name):
         diagonal = lambda x: x * (3 * torch.rand(x.shape[0], 1, 8, generator=gen, dtype=DT) + 0.5)  # noqa: E731
         move_kind_(geometry, group, diagonal)
         assert max_relative_change(outputs(model), before) > 1e-3
+
+
+def test_deberta_v2_position_projections_move_with_their_side():
+    """DeBERTa-v2 without shared keys: c2p scores pair ``query_proj`` with ``pos_key_proj`` and
+    p2c scores ``key_proj`` with ``pos_query_proj``, so the QK pair stacks them (q-like rows in
+    G, k-like rows in H). The same move of ``query_proj``/``key_proj`` alone changes the output."""
+    model, outputs = make("deberta_v2_pos_proj")
+    geometry = discovered(model)
+    qk = [b for b in geometry.blocks if b.label.endswith(".QK")]
+    assert len(qk) == 2
+    for block in qk:
+        g, h = ([s.param.rsplit(".", 2)[-2] for s in f] for f in block.factors)
+        assert g == ["query_proj", "query_proj", "pos_query_proj", "pos_query_proj"]
+        assert h == ["key_proj", "key_proj", "pos_key_proj", "pos_key_proj"]
+
+    def content_only(m: nn.Module) -> ParameterGeometry:
+        out = ParameterGeometry(m)
+        for block in qk:
+            g, h = ([s for s in f if ".pos_" not in s.param] for f in block.factors)
+            out.add_gl_pair(g, h, heads=block.heads, label=block.label)
+        return out
+
+    with torch.no_grad():  # position terms as large as content terms: a wrong move shows
+        model.deberta.encoder.rel_embeddings.weight.mul_(20.0)
+        before = outputs(model)
+        torch.testing.assert_close(outputs(moved_along_orbits(model, scale=2.0, seed=1)), before)
+        moved = moved_along_orbits(model, scale=2.0, seed=1, symmetries=content_only)
+        assert max_relative_change(outputs(moved), before) > 1e-3
 
 
 def test_gpt2_cross_attention_is_mapped():
