@@ -9,6 +9,7 @@
 """
 
 from .discovery import (
+    ROTARY_PAIRING,
     AttentionFinding,
     DiscoveryContext,
     ReaderHandle,
@@ -23,6 +24,7 @@ from .plan import Block, HeadLocation, Kind
 
 __all__ = [
     "HALF",
+    "ROTARY_PAIRING",
     "AttentionFinding",
     "Block",
     "DiscoveryContext",

@@ -13,9 +13,6 @@ __all__ = ["PAIRINGS", "ROTARY_PAIRING", "AttentionFinding", "Rotary", "Unmapped
 
 PAIRINGS = ("half", "interleaved")
 
-# Rotary pair layout by Hugging Face ``model_type``; each is checked by moving a tiny random
-# model of that family along its group (tests/test_families.py). Others are refused unless
-# ``find_symmetries(..., rotary_pairing=...)`` states the pairing.
 ROTARY_PAIRING = {
     "llama": "half",
     "mistral": "half",
@@ -31,6 +28,9 @@ ROTARY_PAIRING = {
     "gpt_neox": "half",
     "gptj": "interleaved",
 }
+"""Rotary coordinate pairing by Hugging Face ``model_type``, each checked by moving a tiny random
+model of the family along its group. Rotary embeddings of other models keep their QK pair
+adaptive unless ``find_symmetries(model, rotary_pairing=...)`` states the pairing."""
 
 
 class Unmapped(Exception):
