@@ -63,30 +63,9 @@ def find_symmetries(
         raise ValueError(
             f"rotary_pairing must be 'half', 'interleaved' or None, got {rotary_pairing!r}"
         )
-    context = DiscoveryContext(model, rotary_pairing)
-    rules = Rules(ParameterGeometry(model), context, metric)
-    readers = registered_readers()
+    rules = Rules(ParameterGeometry(model), DiscoveryContext(model, rotary_pairing), metric)
     named = dict(model.named_modules())
-    recognised: list[str] = []
-    for prefix, module in named.items():
-        try:
-            finding = next(
-                (f for r in readers if (f := r(prefix, module, context)) is not None), None
-            )
-        except Unmapped as err:
-            rules.leave_out(prefix or type(module).__name__, str(err))
-            recognised.append(prefix)
-            continue
-        if finding is not None:
-            if not isinstance(finding, AttentionFinding):
-                raise TypeError(
-                    f"a reader returned {type(finding).__name__} for {prefix or 'the model'}; "
-                    "readers return an AttentionFinding or None"
-                )
-            rules.declare_attention(finding)
-            recognised.append(prefix)
-        elif rules.declare_lora(prefix, module):
-            recognised.append(prefix)
+    recognised = [name for name, module in named.items() if read(name, module, rules)]
     for name, module in unrecognised(named, recognised):
         what = f"{name or type(module).__name__} ({type(module).__name__})"
         message = (
@@ -104,6 +83,28 @@ def find_symmetries(
         for message in rules.messages:
             warnings.warn(message, UserWarning, stacklevel=2)
     return geometry
+
+
+def read(name: str, module: nn.Module, rules: Rules) -> bool:
+    """Offer ``module`` to the registered readers and declare what the first one finds, else
+    its LoRA adapters; ``True`` if it was recognised."""
+    context = rules.context
+    try:
+        finding = next(
+            (f for r in registered_readers() if (f := r(name, module, context)) is not None), None
+        )
+    except Unmapped as err:
+        rules.leave_out(name or type(module).__name__, str(err))
+        return True
+    if finding is None:
+        return rules.declare_lora(name, module)
+    if not isinstance(finding, AttentionFinding):
+        raise TypeError(
+            f"a reader returned {type(finding).__name__} for {name or 'the model'}; "
+            "readers return an AttentionFinding or None"
+        )
+    rules.declare_attention(finding)
+    return True
 
 
 def unrecognised(named: dict[str, nn.Module], recognised: list[str]):
