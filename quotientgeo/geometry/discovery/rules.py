@@ -42,14 +42,13 @@ class Rules:
     """Declares the blocks of findings on ``geometry``; collects the warnings (``messages``),
     what was left out and why (``skipped``) and the modules left out because frozen."""
 
-    def __init__(self, geometry: ParameterGeometry, context: DiscoveryContext, metric):
+    def __init__(self, geometry: ParameterGeometry, context: DiscoveryContext, metric: str | float):
         self.geometry = geometry
         self.context = context
         self.metric = metric
         self.messages: list[str] = []
         self.skipped: list[str] = []
         self.frozen: list[str] = []  # labels of the attention modules with frozen pairs
-        self.frozen_pairs = 0
 
     def leave_out(self, label: str, reason: str, what: str = "") -> None:
         """Warn that ``what`` (``""``: the block ``label``) is left out because of ``reason``."""
@@ -76,7 +75,6 @@ class Rules:
         trainable = [params[n].requires_grad for n in names]
         if not any(trainable):
             self.skipped.append(f"{label}: its parameters are frozen (requires_grad=False)")
-            self.frozen_pairs += 1
             return "frozen"
         if not all(trainable):
             self.leave_out(label, "some factors are frozen")
