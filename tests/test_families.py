@@ -1,5 +1,11 @@
 """Discovery on today's transformer families, checked by moving tiny random models.
 
+Families: GPT-2, DistilBERT, OPT, BART, Whisper, BLOOM, Llama, Mistral, Mixtral, Qwen2/3,
+Gemma 2/3, Phi-3, StableLM (with and without q/k LayerNorm), GPT-NeoX, GPT-J, Falcon
+(multi-query, new decoder architecture with grouped key/value heads, ALiBi), DeBERTa-v2 (with
+shared and with separate position projections), ModernBERT, timm's ViT (with and without
+``qk_norm``).
+
 For every family: the blocks found carry the architecture's own group (GL(h), the rotary
 subgroup, positive scales); moving every block by a random element of that group leaves the
 output unchanged, leaves geodesic sharpness (both metrics) unchanged to 1e-3 and changes
@@ -17,173 +23,18 @@ deviation ``≈ eps / (2 mean(x²))``): the normed families are built with ``eps
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import warnings
 from collections.abc import Callable
 
 import pytest
-import timm
 import torch
 import transformers as hf
 from conftest import assert_roundtrip_exact, assert_sharpness_invariance
+from tiny_families import DT, FAMILIES, VOCAB, make, output_tolerance, tiny_vit
 from torch import nn
 
-from quotientgeo import GLQuotient, find_symmetries
+from quotientgeo import GLQuotient, ParameterGeometry, find_symmetries
 from quotientgeo.testing import moved_along_orbits
-
-DT = torch.float64
-VOCAB, SEQ, BATCH = 50, 6, 3
-HIDDEN = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
-DECODER = dict(
-    HIDDEN, vocab_size=VOCAB, num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2
-)
-
-SEQ2SEQ = dict(
-    d_model=32,
-    encoder_layers=1,
-    decoder_layers=1,
-    encoder_attention_heads=4,
-    decoder_attention_heads=4,
-    encoder_ffn_dim=48,
-    decoder_ffn_dim=48,
-    vocab_size=VOCAB,
-)
-
-
-@dataclasses.dataclass
-class Family:
-    build: Callable[[], nn.Module]
-    groups: set[str]  # group names of the kinds find_symmetries must produce
-    inputs: str = "ids"  # "ids", "seq2seq", "audio" or "image"
-    exact: bool = True  # False: float32 RMSNorm inside, output exact to ~1e-7 only
-
-
-def tiny_vit(depth: int = 2, **kw) -> nn.Module:
-    return timm.create_model(
-        "vit_tiny_patch16_224", pretrained=False, img_size=16, patch_size=8, embed_dim=32,
-        depth=depth, num_heads=4, num_classes=5, **kw,
-    )  # fmt: skip
-
-
-def decoder(config_cls, model_cls, qk_group: str, **kw) -> Family:
-    """A Hugging Face decoder with grouped-query attention (VO: GL(8)) whose RMSNorm runs in
-    float32, its QK blocks on ``qk_group``."""
-    return Family(
-        lambda: model_cls(config_cls(**{**DECODER, **kw})), {"GL(8)", qk_group}, exact=False
-    )
-
-
-FAMILIES = {
-    "gpt2": Family(
-        lambda: hf.GPT2LMHeadModel(hf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB)),
-        {"GL(8)"},
-    ),
-    "distilbert": Family(
-        lambda: hf.DistilBertModel(
-            hf.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=48, vocab_size=VOCAB)
-        ),
-        {"GL(8)"},
-    ),
-    "opt": Family(
-        lambda: hf.OPTForCausalLM(
-            hf.OPTConfig(
-                hidden_size=32,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                ffn_dim=48,
-                vocab_size=VOCAB,
-                word_embed_proj_dim=32,
-            )
-        ),
-        {"GL(8)"},
-    ),
-    "bart": Family(
-        lambda: hf.BartModel(hf.BartConfig(**SEQ2SEQ)),
-        {"GL(8)"},
-        inputs="seq2seq",
-    ),
-    "whisper": Family(
-        lambda: hf.WhisperModel(
-            hf.WhisperConfig(
-                **SEQ2SEQ,
-                num_mel_bins=8,
-                max_source_positions=8,
-                max_target_positions=16,
-                pad_token_id=0,
-                bos_token_id=1,
-                eos_token_id=2,
-                decoder_start_token_id=1,
-            )
-        ),
-        {"GL(8)"},
-        inputs="audio",
-    ),
-    "bloom": Family(
-        lambda: hf.BloomForCausalLM(
-            hf.BloomConfig(hidden_size=32, n_layer=2, n_head=4, vocab_size=VOCAB)
-        ),
-        {"GL(8)"},
-    ),
-    "llama": decoder(hf.LlamaConfig, hf.LlamaForCausalLM, "(C*)^4"),
-    "mistral": decoder(hf.MistralConfig, hf.MistralForCausalLM, "(C*)^4"),
-    "qwen2": decoder(hf.Qwen2Config, hf.Qwen2ForCausalLM, "(C*)^4"),
-    "qwen3": decoder(
-        hf.Qwen3Config, hf.Qwen3ForCausalLM, "positive scale R>0", head_dim=8, rms_norm_eps=1e-12
-    ),
-    "gemma2": decoder(hf.Gemma2Config, hf.Gemma2ForCausalLM, "(C*)^4", head_dim=8),
-    "gemma3": decoder(
-        hf.Gemma3TextConfig,
-        hf.Gemma3ForCausalLM,
-        "positive scale R>0",
-        head_dim=8,
-        rms_norm_eps=1e-12,
-    ),
-    "phi3": decoder(hf.Phi3Config, hf.Phi3ForCausalLM, "(C*)^2 × GL(4)", partial_rotary_factor=0.5),
-    "gpt_neox": Family(
-        lambda: hf.GPTNeoXForCausalLM(
-            hf.GPTNeoXConfig(**{**HIDDEN, "vocab_size": VOCAB, "rotary_pct": 0.5})
-        ),
-        {"GL(8)", "(C*)^2 × GL(4)"},
-    ),
-    "gptj": Family(
-        lambda: hf.GPTJForCausalLM(
-            hf.GPTJConfig(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, rotary_dim=4)
-        ),
-        {"GL(8)", "(C*)^2 × GL(4)"},
-        exact=False,
-    ),
-    "timm_vit": Family(tiny_vit, {"GL(8)"}, inputs="image"),
-    "timm_vit_qk_norm": Family(
-        lambda: tiny_vit(qk_norm=True, norm_layer=functools.partial(nn.LayerNorm, eps=1e-12)),
-        {"GL(8)", "positive scale R>0"},
-        inputs="image",
-    ),
-}
-
-
-def make(name: str) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
-    """The family's tiny random float64 model in eval mode and its output function."""
-    torch.manual_seed(0)
-    family = FAMILIES[name]
-    model = family.build().to(DT).eval()
-    with torch.no_grad():  # larger weights than the default init: moves then matter more
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(2.0)
-    gen = torch.Generator().manual_seed(1)
-    if family.inputs == "image":
-        images = torch.randn(BATCH, 3, 16, 16, generator=gen, dtype=DT)
-        return model, lambda m: m(images)
-    ids = torch.randint(3, VOCAB, (BATCH, SEQ), generator=gen)
-    if family.inputs == "audio":
-        features = torch.randn(BATCH, 8, 16, generator=gen, dtype=DT)
-        return model, lambda m: m(input_features=features, decoder_input_ids=ids).last_hidden_state
-    if family.inputs == "seq2seq":
-        return model, lambda m: m(input_ids=ids, decoder_input_ids=ids).last_hidden_state
-    if isinstance(model, hf.DistilBertModel):
-        return model, lambda m: m(input_ids=ids).last_hidden_state
-    return model, lambda m: m(input_ids=ids).logits
 
 
 def discovered(model: nn.Module):
@@ -193,10 +44,6 @@ def discovered(model: nn.Module):
     ours = [str(w.message) for w in caught if "adaptive geometry" in str(w.message)]
     assert not ours, ours
     return geometry
-
-
-def output_tolerance(name: str) -> dict:
-    return {} if FAMILIES[name].exact else dict(rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -292,6 +139,34 @@ def test_non_scalar_move_of_a_normed_head_changes_the_output(name):
         diagonal = lambda x: x * (3 * torch.rand(x.shape[0], 1, 8, generator=gen, dtype=DT) + 0.5)  # noqa: E731
         move_kind_(geometry, group, diagonal)
         assert max_relative_change(outputs(model), before) > 1e-3
+
+
+def test_deberta_v2_position_projections_move_with_their_side():
+    """DeBERTa-v2 without shared keys: c2p scores pair ``query_proj`` with ``pos_key_proj`` and
+    p2c scores ``key_proj`` with ``pos_query_proj``, so the QK pair stacks them (q-like rows in
+    G, k-like rows in H). The same move of ``query_proj``/``key_proj`` alone changes the output."""
+    model, outputs = make("deberta_v2_pos_proj")
+    geometry = discovered(model)
+    qk = [b for b in geometry.blocks if b.label.endswith(".QK")]
+    assert len(qk) == 2
+    for block in qk:
+        g, h = ([s.param.rsplit(".", 2)[-2] for s in f] for f in block.factors)
+        assert g == ["query_proj", "query_proj", "pos_query_proj", "pos_query_proj"]
+        assert h == ["key_proj", "key_proj", "pos_key_proj", "pos_key_proj"]
+
+    def content_only(m: nn.Module) -> ParameterGeometry:
+        out = ParameterGeometry(m)
+        for block in qk:
+            g, h = ([s for s in f if ".pos_" not in s.param] for f in block.factors)
+            out.add_gl_pair(g, h, heads=block.heads, label=block.label)
+        return out
+
+    with torch.no_grad():  # position terms as large as content terms: a wrong move shows
+        model.deberta.encoder.rel_embeddings.weight.mul_(20.0)
+        before = outputs(model)
+        torch.testing.assert_close(outputs(moved_along_orbits(model, scale=2.0, seed=1)), before)
+        moved = moved_along_orbits(model, scale=2.0, seed=1, symmetries=content_only)
+        assert max_relative_change(outputs(moved), before) > 1e-3
 
 
 def test_gpt2_cross_attention_is_mapped():

@@ -4,21 +4,38 @@
 - :mod:`.plan`: the frozen plan (blocks, kinds, reassembly of parameters);
 - :mod:`.transfer`: gather points from parameters and scatter them back;
 - :mod:`.parameters`: :class:`ParameterGeometry`, the declarations;
-- :mod:`.discovery`: :func:`find_symmetries` for attention and LoRA layers.
+- :mod:`.discovery`: :func:`find_symmetries` for attention and LoRA layers, and
+  :func:`register_reader` to teach it a new attention layout.
 """
 
-from .discovery import find_symmetries
+from .discovery import (
+    ROTARY_PAIRING,
+    AttentionFinding,
+    DiscoveryContext,
+    ReaderHandle,
+    Rotary,
+    Unmapped,
+    find_symmetries,
+    register_reader,
+)
 from .layout import Region, Source
 from .parameters import HALF, ParameterGeometry
 from .plan import Block, HeadLocation, Kind
 
 __all__ = [
     "HALF",
+    "ROTARY_PAIRING",
+    "AttentionFinding",
     "Block",
+    "DiscoveryContext",
     "HeadLocation",
     "Kind",
     "ParameterGeometry",
+    "ReaderHandle",
     "Region",
+    "Rotary",
     "Source",
+    "Unmapped",
     "find_symmetries",
+    "register_reader",
 ]

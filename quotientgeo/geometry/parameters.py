@@ -74,6 +74,10 @@ class ParameterGeometry:
 
     The model is only read: :meth:`gather` copies its parameters, :meth:`scatter` builds new
     tensors, and only :meth:`assign_` writes (in place, explicitly).
+
+    ``skipped``: what :func:`~quotientgeo.find_symmetries` recognised but left out, one
+    readable ``"label: reason"`` per block or module (frozen parameters, no known group,
+    unknown layout); ``()`` for a geometry declared by hand.
     """
 
     def __init__(self, model: nn.Module):
@@ -81,6 +85,7 @@ class ParameterGeometry:
         self.layout: Layout = Layout(model)
         self.blocks: list[Block] = []
         self.products: list[Product] = []  # groups of overlapping blocks, each one kind
+        self.skipped: tuple[str, ...] = ()
         self._plan: Plan | None = None  # built on first use after the last declaration
 
     # ------------------------------------------------------------------ declaration
