@@ -26,13 +26,7 @@ def geometry_of(
         if metric is not None:
             geometry = geometry.with_metric(metric)
         if not geometry.kinds and warn_missing:
-            warnings.warn(
-                f"no parameter symmetry detected in {type(model).__name__}: every parameter is "
-                "measured in the adaptive geometry (declare blocks with ParameterGeometry for "
-                "custom architectures)",
-                UserWarning,
-                stacklevel=4,
-            )
+            warnings.warn(_nothing_found(model, geometry), UserWarning, stacklevel=4)
     elif symmetries is None:
         geometry = ParameterGeometry(model)
     elif isinstance(symmetries, ParameterGeometry):
@@ -62,3 +56,20 @@ def geometry_of(
             stacklevel=4,
         )
     return geometry
+
+
+def _nothing_found(model: nn.Module, geometry: ParameterGeometry) -> str:
+    """Why a discovered geometry has no symmetry block: nothing recognised, or what discovery
+    left out (``geometry.skipped``: frozen or unmappable attention)."""
+    adaptive = "every parameter is measured in the adaptive geometry"
+    if geometry.skipped:
+        shown = "; ".join(geometry.skipped[:3])
+        more = f" (+{len(geometry.skipped) - 3} more)" if len(geometry.skipped) > 3 else ""
+        return (
+            f"no symmetry block to measure in {type(model).__name__}: discovery left out "
+            f"{len(geometry.skipped)} block(s): {shown}{more}; {adaptive}"
+        )
+    return (
+        f"no parameter symmetry detected in {type(model).__name__}: {adaptive} (declare "
+        "blocks with ParameterGeometry for custom architectures)"
+    )

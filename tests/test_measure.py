@@ -215,3 +215,15 @@ def test_a_progress_bar_is_off_where_output_is_not_a_terminal(monkeypatch):
     monkeypatch.setattr(sys, "stderr", stream)
     assert progress_bar(total=3, enabled=True).disable is True
     assert progress_bar(total=3, enabled=False).disable is True
+
+
+def test_a_model_with_frozen_attention_is_told_why_nothing_is_measured():
+    """Frozen attention is not "no symmetry detected": the message names what was left out."""
+    model = transformer()
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith("head"))
+    with pytest.warns(UserWarning, match=r"discovery left out 2 block\(s\): .*QK: its parameters"):
+        result = geodesic_sharpness(
+            model, cross_entropy, batches(1), rho=0.1, n_iter=2, progress=False
+        )
+    assert result.settings["symmetric_blocks"] == 0
