@@ -7,6 +7,7 @@ from .base import (
     GenericPath,
     Group,
     GroupAction,
+    MetricVariants,
     Quotient,
     QuotientManifold,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "InterpolatedGLQuotient",
     "InterpolatedTotalSpace",
     "InvTotalSpace",
+    "MetricVariants",
     "MixTotalSpace",
     "ProductQuotient",
     "Quotient",
