@@ -2,6 +2,7 @@
 
 from .adaptive import AdaptiveGeometry
 from .base import (
+    DEFAULT_CONDITION,
     DEFAULT_METRIC,
     AtPoint,
     GenericPath,
@@ -30,6 +31,7 @@ from .rescale import RescaleInvQuotient, RescaleMixQuotient, RescaleQuotient
 from .scale import ScaleQuotient
 
 __all__ = [
+    "DEFAULT_CONDITION",
     "DEFAULT_METRIC",
     "AdaptiveGeometry",
     "AtPoint",

@@ -45,8 +45,8 @@ from typing import Any, ClassVar, Protocol, TypeVar, cast
 import torch
 from geoopt.manifolds.base import Manifold
 
-from ..linalg import cholesky, conjugate_gradient
-from ..validation import is_real, positive_int
+from ..linalg import cholesky, conjugate_gradient, log_uniform
+from ..validation import is_real, positive_int, real_in
 from .ode import rk4, steps_for
 
 Tensor = torch.Tensor
@@ -56,9 +56,13 @@ Tensor = torch.Tensor
 #: :meth:`~quotientgeo.ParameterGeometry.add_gl_pair` and in
 #: :func:`~quotientgeo.find_symmetries`.
 DEFAULT_METRIC = "mix"
+#: The default bound on the condition number of :meth:`QuotientManifold.random_group`'s elements
+#: (and of the moves of :func:`quotientgeo.testing.moved_along_orbits`).
+DEFAULT_CONDITION = 4.0
 T = TypeVar("T")
 
 __all__ = [
+    "DEFAULT_CONDITION",
     "DEFAULT_METRIC",
     "AtPoint",
     "GenericPath",
@@ -184,22 +188,39 @@ class QuotientManifold(Manifold):
         raise NotImplementedError(f"{type(self).__name__} defines no push(x, u, g)")
 
     def random_group(
-        self, x: Tensor | AtPoint, *, generator: torch.Generator | None = None, scale: float = 1.0
+        self,
+        x: Tensor | AtPoint,
+        *,
+        generator: torch.Generator | None = None,
+        scale: float = 1.0,
+        condition: float = DEFAULT_CONDITION,
     ) -> Tensor:
         """A random group element ``g = scale · exp(ω)`` for :meth:`act` at ``x``, one per batch
-        entry, ``ω`` standard Gaussian in the Lie algebra.
+        entry, with condition number at most ``condition``.
 
-        ``exp`` is the matrix exponential for square Lie shapes ``(h, h)`` and the element-wise
-        exponential otherwise (scalings), so ``scale > 0`` keeps ``g`` in the identity
-        component. Override where :meth:`act` takes its group elements in another form.
+        ``exp`` is the matrix exponential for square Lie shapes ``(h, h)``: ``ω`` is a standard
+        Gaussian of the Lie-algebra shape rescaled to spectral norm ``r · ½ log(condition)``,
+        ``r`` uniform in ``[0, 1]`` (``‖exp(±ω)‖₂ ≤ e^{‖ω‖₂}``, so ``cond(g) ≤ condition``;
+        a rescaled ``ω`` stays in any subspace the Gaussian lies in). Otherwise (scalings)
+        ``exp`` is element-wise and each entry of ``ω`` is uniform in
+        ``[-½ log c, ½ log c]``: factors log-uniform in ``[c^{-1/2}, c^{1/2}]``, any two
+        within a factor ``c = condition`` of each other. ``scale > 0`` keeps ``g`` in the
+        identity component. Override where :meth:`act` takes its group elements in another
+        form.
         """
+        condition = check_condition(condition)
         p = self.at(x)
         lie = self.lie_shape(p)
         batch = p.x.shape[: p.x.dim() - self.ndim]
-        omega = torch.randn(*batch, *lie, generator=generator, dtype=p.x.dtype, device=p.x.device)
+        kw = {"generator": generator, "dtype": p.x.dtype, "device": p.x.device}
+        half = 0.5 * math.log(condition)
         if len(lie) == 2 and lie[0] == lie[1]:
+            omega = torch.randn(*batch, *lie, **kw)
+            norm = torch.linalg.matrix_norm(omega, ord=2, keepdim=True)
+            radius = half * torch.rand(*batch, 1, 1, **kw)
+            omega = omega * (radius / norm.clamp_min(torch.finfo(omega.dtype).tiny))
             return torch.linalg.matrix_exp(omega).mul_(scale)
-        return omega.exp_().mul_(scale)
+        return log_uniform(*batch, *lie, condition=condition, **kw).mul_(scale)
 
     def group_name(self, shape: tuple[int, ...]) -> str:
         """Readable name of the symmetry group acting on points of ``shape`` (for summaries)."""
@@ -609,13 +630,44 @@ def _metric_argument(cls: type, args: tuple, kwargs: dict[str, Any]) -> Any:
     return bound.arguments.get("metric")
 
 
+def check_condition(condition: float) -> float:
+    """``condition`` as a float, checked to be a real number ``≥ 1``."""
+    return real_in("condition", condition, 1.0)
+
+
+def random_element(
+    group: Any,
+    x: Tensor,
+    *,
+    generator: torch.Generator | None = None,
+    scale: float = 1.0,
+    condition: float = DEFAULT_CONDITION,
+) -> Any:
+    """``group.random_group(x, generator=, scale=, condition=)``, without ``condition`` where
+    that ``random_group`` (a user's override) takes no such keyword."""
+    if _takes_condition(type(group).random_group):
+        return group.random_group(x, generator=generator, scale=scale, condition=condition)
+    return group.random_group(x, generator=generator, scale=scale)
+
+
+@functools.cache
+def _takes_condition(method: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "condition" or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
 class Group(Protocol):
     """A Lie group acting on the points of a total space (what :class:`Quotient` composes).
 
     The methods are those of :class:`QuotientManifold` of the same names (a quotient manifold is
     a group in this sense, for its own group): the shape of a Lie-algebra element, the vertical
     map ``ω ↦ V_x ω``, an approximate inverse of the normal operator ``V* M V`` (the identity
-    when unknown), the finite action and its differential, random elements and a name.
+    when unknown), the finite action and its differential, random elements and a name. A
+    ``random_group`` without the ``condition`` keyword (the bound on the elements' condition
+    number) is called without it (:func:`random_element`).
     """
 
     def lie_shape(self, p: AtPoint, /) -> tuple[int, ...]: ...
@@ -635,6 +687,7 @@ class Group(Protocol):
         *,
         generator: torch.Generator | None = None,
         scale: float = 1.0,
+        condition: float = DEFAULT_CONDITION,
     ) -> Tensor: ...
 
     def group_name(self, shape: tuple[int, ...], /) -> str: ...
@@ -675,10 +728,17 @@ class GroupAction(QuotientManifold):
         return self._group[0].push(x, u, g)
 
     def random_group(
-        self, x: Tensor | AtPoint, *, generator: torch.Generator | None = None, scale: float = 1.0
+        self,
+        x: Tensor | AtPoint,
+        *,
+        generator: torch.Generator | None = None,
+        scale: float = 1.0,
+        condition: float = DEFAULT_CONDITION,
     ) -> Tensor:
         x = x.x if isinstance(x, AtPoint) else x
-        return self._group[0].random_group(x, generator=generator, scale=scale)
+        return random_element(
+            self._group[0], x, generator=generator, scale=scale, condition=condition
+        )
 
     def group_name(self, shape: tuple[int, ...]) -> str:
         return self._group[0].group_name(shape)

@@ -18,9 +18,16 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ...linalg import cholesky, cholesky_inverse, gram, mT
+from ...linalg import cholesky, cholesky_inverse, conditioned_matrix, gram, mT
 from ...validation import positive_int, real_in
-from ..base import AtPoint, GroupAction, MetricVariants, QuotientManifold
+from ..base import (
+    DEFAULT_CONDITION,
+    AtPoint,
+    GroupAction,
+    MetricVariants,
+    QuotientManifold,
+    check_condition,
+)
 from ..ode import rk4
 
 Tensor = torch.Tensor
@@ -425,13 +432,28 @@ class GLGroup:
         return self.act(u, A)
 
     def random_group(
-        self, x: Tensor | AtPoint, *, generator: torch.Generator | None = None, scale: float = 1.0
+        self,
+        x: Tensor | AtPoint,
+        *,
+        generator: torch.Generator | None = None,
+        scale: float = 1.0,
+        condition: float = DEFAULT_CONDITION,
     ) -> Tensor:
-        """``A = scale · N``, ``N`` with standard Gaussian entries (invertible with probability
-        one, both components of GL(h)), one per batch entry of ``x``."""
+        """``A = scale · U diag(σ) Vᵀ``, one per batch entry of ``x``: ``U``, ``V`` Haar-random
+        orthogonal, ``σ`` log-uniform in ``[c^{-1/2}, c^{1/2}]`` (``c = condition``), so
+        ``cond(A) ≤ c`` and the Gram matrices ``GᵀG``, ``HᵀH`` of the moved point have condition
+        numbers at most ``c²`` times the original ones (both components of GL(h) occur)."""
         x = x.x if isinstance(x, AtPoint) else x
         h = x.shape[-1]
-        A = torch.randn(*x.shape[:-2], h, h, generator=generator, dtype=x.dtype, device=x.device)
+        A = conditioned_matrix(
+            *x.shape[:-2],
+            h,
+            h,
+            condition=check_condition(condition),
+            generator=generator,
+            dtype=x.dtype,
+            device=x.device,
+        )
         return A.mul_(scale)
 
     def group_name(self, shape: tuple[int, ...]) -> str:
