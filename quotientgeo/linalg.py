@@ -206,7 +206,7 @@ def haar_orthogonal(
     """Haar-random orthogonal matrices of shape ``(..., k, k)``: ``Q`` of the QR factorization
     ``N = QR`` of a standard Gaussian ``N``, its columns' signs fixed so that ``diag(R) > 0``
     (without the fix ``Q`` is not Haar distributed)."""
-    N = torch.randn(*shape, generator=generator, dtype=dtype, device=device)
+    N = torch.randn(shape, generator=generator, dtype=dtype, device=device)
     Q, R = torch.linalg.qr(N)
     return Q * torch.sgn(torch.diagonal(R, dim1=-2, dim2=-1)).unsqueeze(-2)
 
@@ -221,7 +221,7 @@ def log_uniform(
     """Positive numbers ``exp(t)``, ``t`` uniform in ``[-½ log c, ½ log c]`` (``c = condition``):
     log-uniform in ``[c^{-1/2}, c^{1/2}]``, so any two differ by a factor of at most ``c``."""
     half = 0.5 * math.log(condition)
-    t = torch.rand(*shape, generator=generator, dtype=dtype, device=device)
+    t = torch.rand(shape, generator=generator, dtype=dtype, device=device)
     return torch.exp(half * (2 * t - 1))
 
 

@@ -215,9 +215,9 @@ class QuotientManifold(Manifold):
         kw = {"generator": generator, "dtype": p.x.dtype, "device": p.x.device}
         half = 0.5 * math.log(condition)
         if len(lie) == 2 and lie[0] == lie[1]:
-            omega = torch.randn(*batch, *lie, **kw)
+            omega = torch.randn((*batch, *lie), **kw)
             norm = torch.linalg.matrix_norm(omega, ord=2, keepdim=True)
-            radius = half * torch.rand(*batch, 1, 1, **kw)
+            radius = half * torch.rand((*batch, 1, 1), **kw)
             omega = omega * (radius / norm.clamp_min(torch.finfo(omega.dtype).tiny))
             return torch.linalg.matrix_exp(omega).mul_(scale)
         return log_uniform(*batch, *lie, condition=condition, **kw).mul_(scale)

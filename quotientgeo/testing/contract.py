@@ -31,7 +31,7 @@ PROPERTIES = (
     "proju_idempotent",
     "random_tangent",
     "egrad2rgrad",
-    "action_linear",
+    "action_affine",
     "metric_invariance",
     "proju_equivariance",
     "egrad2rgrad_equivariance",
@@ -118,9 +118,10 @@ def check_quotient(
     ``random_tangent``         ``Π r = r`` for ``r = random_tangent(x)``
     ``egrad2rgrad``            ``ρ = egrad2rgrad(∇)`` is horizontal and
                                ``<ρ, Π v>_x = ∇ · Π v``
-    ``action_linear``          ``g·(x + u) = g·x + g_* u`` (a linear action; the Christoffel
-                               and ``expmap2`` equivariances below assume it; where it does
-                               not hold, it and they are skipped, not failed)
+    ``action_affine``          ``g·(x + u) = g·x + g_* u`` (an affine action, as every
+                               shipped one; the Christoffel and ``expmap2`` equivariances
+                               below assume it; where it does not hold, it and they are
+                               skipped, not failed)
     ``metric_invariance``      ``<g_* u, g_* v>_{g·x} = <u, v>_x``
     ``proju_equivariance``     ``Π_{g·x}(g_* u) = g_* Π_x u``
     ``egrad2rgrad_equivariance`` ``egrad2rgrad_{g·x}(∇') = g_* egrad2rgrad_x(∇)`` with the
@@ -143,7 +144,7 @@ def check_quotient(
 
     A property is skipped (reported with the reason) where the manifold lacks what it needs:
     no ``act`` (every equivariance and the invariance), a trivial group (``k = 0``: the
-    projection properties), a non-linear action (the Christoffel and ``expmap2``
+    projection properties), an action that is not affine (the Christoffel and ``expmap2``
     equivariances), ``manifold`` a :class:`~quotientgeo.manifolds.GenericPath` itself or
     ``generic=False`` (the ``generic.*`` comparisons), ``generic_expmap=False`` (the default:
     ``generic.expmap`` integrates by RK4 through autodiff Christoffel symbols, slow), or
@@ -180,7 +181,7 @@ def check_quotient(
         raise ValueError(f"samples must be a positive integer, got {samples!r}")
     base_rtol = _DEFAULT_RTOL.get(x.dtype, 5e-2) if rtol is None else float(rtol)
     tolerances = {name: float((rtols or {}).get(name, base_rtol)) for name in PROPERTIES}
-    run = _Run(manifold, x, generator, group, radius, tolerances["action_linear"])
+    run = _Run(manifold, x, generator, group, radius, tolerances["action_affine"])
     errors: dict[str, float] = {}
     skipped: dict[str, str] = {}
     checks = run.checks(generic=generic, generic_expmap=generic_expmap)
@@ -233,7 +234,7 @@ class _Run:
     # ------------------------------------------------------------------ draws
     def randn(self, *shape: int) -> Tensor:
         return torch.randn(
-            *shape, generator=self.generator, dtype=self.x.dtype, device=self.x.device
+            shape, generator=self.generator, dtype=self.x.dtype, device=self.x.device
         )
 
     def draw(self) -> None:
@@ -342,7 +343,7 @@ class _Run:
             pairing = self.scalar(value, exact, m.norm(p, rho) * m.norm(p, h))
             return max(horizontal, pairing)
 
-        def action_linear() -> float:
+        def action_affine() -> float:
             if "linear" not in self.cache:
                 g = self.element()
                 moved = m.act(x + self.u, g)
@@ -350,16 +351,16 @@ class _Run:
             error = self.cache["linear"]
             if not error <= self.linear_rtol:
                 raise _Skip(
-                    f"the action is not linear in x (relative error {error:.2e}): the "
+                    f"the action is not affine in x (relative error {error:.2e}): the "
                     "Christoffel and expmap2 equivariances do not apply"
                 )
             return error
 
         def linear() -> None:
             try:
-                action_linear()
+                action_affine()
             except _Skip:
-                raise _Skip("the action is not linear in x") from None
+                raise _Skip("the action is not affine in x") from None
 
         def metric_invariance() -> float:
             self.element()
@@ -434,7 +435,7 @@ class _Run:
             "proju_idempotent": proju_idempotent,
             "random_tangent": random_tangent,
             "egrad2rgrad": egrad2rgrad,
-            "action_linear": action_linear,
+            "action_affine": action_affine,
             "metric_invariance": metric_invariance,
             "proju_equivariance": proju_equivariance,
             "egrad2rgrad_equivariance": egrad2rgrad_equivariance,
