@@ -10,11 +10,12 @@
 
 from __future__ import annotations
 
-from .contract import QuotientReport, check_quotient
+from .contract import PROPERTIES, QuotientReport, check_quotient
 from .models import TinyTransformerClassifier, cross_entropy, random_batches
 from .orbits import move_along_orbits_, moved_along_orbits
 
 __all__ = [
+    "PROPERTIES",
     "QuotientReport",
     "TinyTransformerClassifier",
     "check_quotient",
