@@ -20,7 +20,7 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from quotientgeo import GLQuotient
+from quotientgeo import GLQuotient, InterpolatedGLQuotient, ScaleQuotient
 
 # Two xdist workers on two cores: one BLAS thread each avoids oversubscription.
 torch.set_num_threads(1)
@@ -338,3 +338,52 @@ def assert_same(a, b):
                 key,
                 n,
             )
+
+
+# --------------------------------------------------------------------------- generic-base cases
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``||a - b|| / ||b||`` over the whole tensor (not per batch entry)."""
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def well_conditioned(gen, batch, rows, cols) -> torch.Tensor:
+    """``U diag(σ) Vᵀ`` with orthonormal ``U`` (rows×cols), ``σ ∈ [0.5, 2]``: condition ≤ 4
+    (float64)."""
+    U = torch.linalg.qr(torch.randn(*batch, rows, cols, generator=gen, dtype=torch.float64))[0]
+    V = torch.linalg.qr(torch.randn(*batch, cols, cols, generator=gen, dtype=torch.float64))[0]
+    sigma = 0.5 + 1.5 * torch.rand(*batch, 1, cols, generator=gen, dtype=torch.float64)
+    return (U * sigma) @ V.transpose(-1, -2)
+
+
+@st.composite
+def scale_cases(draw):
+    ndim = draw(st.integers(1, 2))
+    batch = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
+    # a block of one entry has a single point as quotient; start at two entries
+    block = (
+        draw(st.integers(2, 4)),
+        *draw(st.lists(st.integers(1, 3), min_size=ndim - 1, max_size=ndim - 1)),
+    )
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    m = ScaleQuotient(ndim)
+    x = torch.randn(*batch, *block, generator=gen, dtype=torch.float64) + 0.1
+    u, v = (torch.randn(x.shape, generator=gen, dtype=torch.float64) for _ in range(2))
+    g = torch.exp(torch.randn(batch, generator=gen, dtype=torch.float64))
+    omega = torch.randn(batch, generator=gen, dtype=torch.float64)
+    return m, x, u, v, g, omega
+
+
+@st.composite
+def interpolated_cases(draw, s=None):
+    s = draw(st.floats(0, 1)) if s is None else s
+    batch = tuple(draw(st.lists(st.integers(1, 2), max_size=2)))
+    h = draw(st.integers(1, 3))
+    n, m_rows = h + draw(st.integers(0, 3)), h + draw(st.integers(0, 3))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    x = torch.cat(
+        [well_conditioned(gen, batch, n, h), well_conditioned(gen, batch, m_rows, h)], dim=-2
+    )
+    u, v = (torch.randn(x.shape, generator=gen, dtype=torch.float64) for _ in range(2))
+    A = well_conditioned(gen, batch, h, h)
+    omega = torch.randn(*batch, h, h, generator=gen, dtype=torch.float64)
+    return InterpolatedGLQuotient(n, s), x, u, v, A, omega

@@ -13,6 +13,7 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import interpolated_cases, rel, scale_cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -242,6 +243,30 @@ def test_relaxed_gl_satisfies_the_contract_of_the_orthogonal_group(metric, data)
     )
     report = check_quotient(manifold, x, generator=g, group=A, skip=projection)
     assert "metric_invariance" in report.checked and "generic.christoffel" in report.checked
+
+
+@pytest.mark.parametrize("cases", [scale_cases, interpolated_cases], ids=["scale", "interpolated"])
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_the_contract_with_given_elements_on_the_manifold_and_its_generic_path(cases, data):
+    """``ScaleQuotient`` (``g = exp(N(0, 1))`` per block, points ``N(0.1, 1)``) and
+    ``InterpolatedGLQuotient`` (random ``s``, factors and ``A`` of condition ≤ 4): the contract
+    at ``1e-9`` with the case's group element and vectors at full length (the exact ``expmap``
+    is left to the test above, at length 0.3), on ``m`` and on ``m.generic()``; metric
+    invariance also relative to the inner product itself."""
+    m, x, u, v, g, _ = data.draw(cases())
+    for path in (m, m.generic()):
+        check_quotient(
+            path,
+            x,
+            group=g,
+            rtol=1e-9,
+            radius=None,
+            generator=torch.Generator(),
+            skip=["expmap_equivariance"],  # at full length: checked at radius 0.3 above
+        )
+        gx, gu, gv = m.act(x, g), m.push(x, u, g), m.push(x, v, g)
+        assert rel(path.inner(gx, gu, gv), path.inner(x, u, v)) < 1e-9
 
 
 # --------------------------------------------------------------------------- it can fail
