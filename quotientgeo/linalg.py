@@ -195,3 +195,50 @@ def expm(A: Tensor) -> Tensor:
     for _ in range(s):
         E = E @ E
     return E
+
+
+def haar_orthogonal(
+    *shape: int,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """Haar-random orthogonal matrices of shape ``(..., k, k)``: ``Q`` of the QR factorization
+    ``N = QR`` of a standard Gaussian ``N``, its columns' signs fixed so that ``diag(R) > 0``
+    (without the fix ``Q`` is not Haar distributed)."""
+    N = torch.randn(shape, generator=generator, dtype=dtype, device=device)
+    Q, R = torch.linalg.qr(N)
+    return Q * torch.sgn(torch.diagonal(R, dim1=-2, dim2=-1)).unsqueeze(-2)
+
+
+def log_uniform(
+    *shape: int,
+    condition: float,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """Positive numbers ``exp(t)``, ``t`` uniform in ``[-½ log c, ½ log c]`` (``c = condition``):
+    log-uniform in ``[c^{-1/2}, c^{1/2}]``, so any two differ by a factor of at most ``c``."""
+    half = 0.5 * math.log(condition)
+    t = torch.rand(shape, generator=generator, dtype=dtype, device=device)
+    return torch.exp(half * (2 * t - 1))
+
+
+def conditioned_matrix(
+    *shape: int,
+    condition: float,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """Random square matrices ``A = U diag(σ) Vᵀ`` of shape ``(..., k, k)`` with condition number
+    at most ``condition``: ``U``, ``V`` Haar-random orthogonal (:func:`haar_orthogonal`), ``σ``
+    log-uniform in ``[c^{-1/2}, c^{1/2}]`` (:func:`log_uniform`). Both components of ``GL(k)``
+    (``det A`` of either sign) occur."""
+    k = shape[-1]
+    kw = {"generator": generator, "dtype": dtype, "device": device}
+    U = haar_orthogonal(*shape, **kw)
+    V = haar_orthogonal(*shape, **kw)
+    sigma = log_uniform(*shape[:-2], 1, k, condition=condition, **kw)
+    return (U * sigma) @ mT(V)

@@ -1,4 +1,4 @@
-"""geoopt composition (issue 2, item 7): ManifoldParameter + Riemannian optimizers on GLQuotient.
+"""geoopt composition: ManifoldParameter + Riemannian optimizers on GLQuotient.
 
 Low-rank matrix factorisation ``||G Hᵀ − T||²``. With the mix metric, Riemannian gradient
 descent is the scaled gradient descent of Tong, Ma & Chi (2021), whose iteration count does

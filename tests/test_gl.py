@@ -1,4 +1,4 @@
-"""Properties of the GL(h) two-factor quotient (issue 2, "What the tests must show", items 1-6).
+"""Properties of the GL(h) two-factor quotient, at tolerances in units of the dtype's epsilon.
 
 Tolerances: ``tol(dtype, k)`` is ``k`` machine epsilons. Where a group element ``A`` with
 condition number ``κ`` acts, the acted factors ``G A⁻¹``, ``H Aᵀ`` have condition up to
@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 
 from quotientgeo import GLQuotient
 from quotientgeo.linalg import mT
+from quotientgeo.manifolds import InterpolatedGLQuotient
 
 KAPPA_MAX = {torch.float32: 1e1, torch.float64: 1e3}
 
@@ -651,3 +652,12 @@ def test_inner_checks_its_second_vector(metric):
         m.inner(x, u, torch.randn(7, 3, dtype=torch.float64))
     with pytest.raises(ValueError, match="v has dtype"):
         m.inner(x, u, u.float())
+
+
+def test_interpolated_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="s must lie"):
+        InterpolatedGLQuotient(3, 1.5)
+    with pytest.raises(ValueError, match="n must be"):
+        InterpolatedGLQuotient(0, 0.5)
+    with pytest.raises(ValueError, match="h <= n"):
+        InterpolatedGLQuotient(2, 0.5).proju(torch.ones(5, 3), torch.ones(5, 3))

@@ -2,11 +2,13 @@
 
 from .adaptive import AdaptiveGeometry
 from .base import (
+    DEFAULT_CONDITION,
     DEFAULT_METRIC,
     AtPoint,
     GenericPath,
     Group,
     GroupAction,
+    MetricVariants,
     Quotient,
     QuotientManifold,
 )
@@ -29,6 +31,7 @@ from .rescale import RescaleInvQuotient, RescaleMixQuotient, RescaleQuotient
 from .scale import ScaleQuotient
 
 __all__ = [
+    "DEFAULT_CONDITION",
     "DEFAULT_METRIC",
     "AdaptiveGeometry",
     "AtPoint",
@@ -44,6 +47,7 @@ __all__ = [
     "InterpolatedGLQuotient",
     "InterpolatedTotalSpace",
     "InvTotalSpace",
+    "MetricVariants",
     "MixTotalSpace",
     "ProductQuotient",
     "Quotient",

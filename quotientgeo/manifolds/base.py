@@ -36,15 +36,17 @@ computes everything that depends only on ``x`` once.
 from __future__ import annotations
 
 import abc
+import functools
+import inspect
 import math
 from collections.abc import Callable, Hashable
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar, cast
 
 import torch
 from geoopt.manifolds.base import Manifold
 
-from ..linalg import cholesky, conjugate_gradient
-from ..validation import positive_int
+from ..linalg import cholesky, conjugate_gradient, log_uniform
+from ..validation import is_real, positive_int, real_in
 from .ode import rk4, steps_for
 
 Tensor = torch.Tensor
@@ -54,14 +56,19 @@ Tensor = torch.Tensor
 #: :meth:`~quotientgeo.ParameterGeometry.add_gl_pair` and in
 #: :func:`~quotientgeo.find_symmetries`.
 DEFAULT_METRIC = "mix"
+#: The default bound on the condition number of :meth:`QuotientManifold.random_group`'s elements
+#: (and of the moves of :func:`quotientgeo.testing.moved_along_orbits`).
+DEFAULT_CONDITION = 4.0
 T = TypeVar("T")
 
 __all__ = [
+    "DEFAULT_CONDITION",
     "DEFAULT_METRIC",
     "AtPoint",
     "GenericPath",
     "Group",
     "GroupAction",
+    "MetricVariants",
     "Quotient",
     "QuotientManifold",
 ]
@@ -181,22 +188,39 @@ class QuotientManifold(Manifold):
         raise NotImplementedError(f"{type(self).__name__} defines no push(x, u, g)")
 
     def random_group(
-        self, x: Tensor | AtPoint, *, generator: torch.Generator | None = None, scale: float = 1.0
+        self,
+        x: Tensor | AtPoint,
+        *,
+        generator: torch.Generator | None = None,
+        scale: float = 1.0,
+        condition: float = DEFAULT_CONDITION,
     ) -> Tensor:
         """A random group element ``g = scale · exp(ω)`` for :meth:`act` at ``x``, one per batch
-        entry, ``ω`` standard Gaussian in the Lie algebra.
+        entry, with condition number at most ``condition``.
 
-        ``exp`` is the matrix exponential for square Lie shapes ``(h, h)`` and the element-wise
-        exponential otherwise (scalings), so ``scale > 0`` keeps ``g`` in the identity
-        component. Override where :meth:`act` takes its group elements in another form.
+        ``exp`` is the matrix exponential for square Lie shapes ``(h, h)``: ``ω`` is a standard
+        Gaussian of the Lie-algebra shape rescaled to spectral norm ``r · ½ log(condition)``,
+        ``r`` uniform in ``[0, 1]`` (``‖exp(±ω)‖₂ ≤ e^{‖ω‖₂}``, so ``cond(g) ≤ condition``;
+        a rescaled ``ω`` stays in any subspace the Gaussian lies in). Otherwise (scalings)
+        ``exp`` is element-wise and each entry of ``ω`` is uniform in
+        ``[-½ log c, ½ log c]``: factors log-uniform in ``[c^{-1/2}, c^{1/2}]``, any two
+        within a factor ``c = condition`` of each other. ``scale > 0`` keeps ``g`` in the
+        identity component. Override where :meth:`act` takes its group elements in another
+        form.
         """
+        condition = check_condition(condition)
         p = self.at(x)
         lie = self.lie_shape(p)
         batch = p.x.shape[: p.x.dim() - self.ndim]
-        omega = torch.randn(*batch, *lie, generator=generator, dtype=p.x.dtype, device=p.x.device)
+        kw = {"generator": generator, "dtype": p.x.dtype, "device": p.x.device}
+        half = 0.5 * math.log(condition)
         if len(lie) == 2 and lie[0] == lie[1]:
+            omega = torch.randn((*batch, *lie), **kw)
+            norm = torch.linalg.matrix_norm(omega, ord=2, keepdim=True)
+            radius = half * torch.rand((*batch, 1, 1), **kw)
+            omega = omega * (radius / norm.clamp_min(torch.finfo(omega.dtype).tiny))
             return torch.linalg.matrix_exp(omega).mul_(scale)
-        return omega.exp_().mul_(scale)
+        return log_uniform(*batch, *lie, condition=condition, **kw).mul_(scale)
 
     def group_name(self, shape: tuple[int, ...]) -> str:
         """Readable name of the symmetry group acting on points of ``shape`` (for summaries)."""
@@ -518,13 +542,132 @@ class QuotientManifold(Manifold):
         return GenericPath(self, metric_inv=metric_inv)
 
 
+class MetricVariants:
+    """A family of quotient classes, one per metric, among which construction chooses.
+
+    The family's root is declared with the class keyword ``variants=True``, each member with
+    ``metric=name`` (a string, which also sets the member's :attr:`QuotientManifold.metric_name`)
+    or ``metric=float`` (the member for a real interpolation weight ``s``, which sets
+    ``metric_name`` itself). ``Root(..., metric=m)`` (``metric`` as its ``__init__`` names it,
+    by position or keyword) constructs the member registered under ``m``, ``DEFAULT_METRIC``
+    when ``m`` is ``None`` or not given; a member checks with :meth:`_check_metric` that it was
+    not asked for another metric. A class may be the root of one family and a member of
+    another's (``GLQuotient`` is the root of the GL quotients and a subclass of the total
+    spaces' root ``GLTotalSpace``); a member registers with the nearest root in its method
+    resolution order.
+    """
+
+    _metric_variants: ClassVar[dict[object, type]]
+
+    def __init_subclass__(
+        cls, *, variants: bool = False, metric: str | type[float] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        if variants:
+            cls._metric_variants = {}
+        if metric is None:
+            return
+        if metric is not float and not isinstance(metric, str):
+            raise TypeError(f"metric= must be a metric's name or float, got {metric!r}")
+        registry = cls._metric_root()._metric_variants
+        if metric in registry:
+            raise TypeError(f"{cls.__name__}: {registry[metric].__name__} has metric {metric!r}")
+        registry[metric] = cls
+        if isinstance(metric, str):
+            cls.metric_name = metric  # pyright: ignore[reportAttributeAccessIssue]
+
+    @classmethod
+    def _metric_root(cls) -> type[MetricVariants]:
+        """The nearest class of the method resolution order that is a family's root."""
+        for klass in cls.__mro__:
+            if "_metric_variants" in vars(klass):
+                return klass
+        raise TypeError(f"{cls.__name__} belongs to no family of metric variants")
+
+    @classmethod
+    def metric_class(cls: type[T], metric: str | float | None = None) -> type[T]:
+        """The member of this class's family for ``metric`` (``None``: ``DEFAULT_METRIC``)."""
+        root = cast("type[MetricVariants]", cls)._metric_root()
+        variants = root._metric_variants
+        key = DEFAULT_METRIC if metric is None else metric
+        found = variants.get(key) if isinstance(key, str) else None
+        if found is None and is_real(key):
+            found = variants.get(float)
+        if found is None:
+            names = [repr(name) for name in sorted(k for k in variants if isinstance(k, str))]
+            if float in variants:
+                names.append("a number s in [0, 1]")
+            choices = ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+            message = f"metric must be {choices}, got {metric!r}"
+            if is_real(key):
+                message += ": the interpolated metric s is defined for GL pairs only"
+            raise ValueError(message)
+        return found
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if "_metric_variants" in vars(cls):  # a family's root: construct the metric's member
+            cls = cls.metric_class(_metric_argument(cls, args, kwargs))
+        return super().__new__(cls)
+
+    def _check_metric(self, metric: str | float | None) -> None:
+        """Raise a ``ValueError`` unless this object is of the class of ``metric`` (if given)."""
+        if metric is not None and not isinstance(self, type(self).metric_class(metric)):
+            raise ValueError(f"{type(self).__name__} does not have the metric {metric!r}")
+
+
+@functools.cache
+def _init_signature(cls: type) -> inspect.Signature:
+    return inspect.signature(cls.__init__)
+
+
+def _metric_argument(cls: type, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """The ``metric`` argument of ``cls(*args, **kwargs)`` (``None`` when absent or when the
+    arguments do not fit: ``__init__`` then raises its own error)."""
+    try:
+        bound = _init_signature(cls).bind(None, *args, **kwargs)
+    except TypeError:
+        return None
+    return bound.arguments.get("metric")
+
+
+def check_condition(condition: float) -> float:
+    """``condition`` as a float, checked to be a real number ``≥ 1``."""
+    return real_in("condition", condition, 1.0)
+
+
+def random_element(
+    group: Any,
+    x: Tensor,
+    *,
+    generator: torch.Generator | None = None,
+    scale: float = 1.0,
+    condition: float = DEFAULT_CONDITION,
+) -> Any:
+    """``group.random_group(x, generator=, scale=, condition=)``, without ``condition`` where
+    that ``random_group`` (a user's override) takes no such keyword."""
+    if _takes_condition(type(group).random_group):
+        return group.random_group(x, generator=generator, scale=scale, condition=condition)
+    return group.random_group(x, generator=generator, scale=scale)
+
+
+@functools.cache
+def _takes_condition(method: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "condition" or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
 class Group(Protocol):
     """A Lie group acting on the points of a total space (what :class:`Quotient` composes).
 
     The methods are those of :class:`QuotientManifold` of the same names (a quotient manifold is
     a group in this sense, for its own group): the shape of a Lie-algebra element, the vertical
     map ``ω ↦ V_x ω``, an approximate inverse of the normal operator ``V* M V`` (the identity
-    when unknown), the finite action and its differential, random elements and a name.
+    when unknown), the finite action and its differential, random elements and a name. A
+    ``random_group`` without the ``condition`` keyword (the bound on the elements' condition
+    number) is called without it (:func:`random_element`).
     """
 
     def lie_shape(self, p: AtPoint, /) -> tuple[int, ...]: ...
@@ -544,6 +687,7 @@ class Group(Protocol):
         *,
         generator: torch.Generator | None = None,
         scale: float = 1.0,
+        condition: float = DEFAULT_CONDITION,
     ) -> Tensor: ...
 
     def group_name(self, shape: tuple[int, ...], /) -> str: ...
@@ -584,10 +728,17 @@ class GroupAction(QuotientManifold):
         return self._group[0].push(x, u, g)
 
     def random_group(
-        self, x: Tensor | AtPoint, *, generator: torch.Generator | None = None, scale: float = 1.0
+        self,
+        x: Tensor | AtPoint,
+        *,
+        generator: torch.Generator | None = None,
+        scale: float = 1.0,
+        condition: float = DEFAULT_CONDITION,
     ) -> Tensor:
         x = x.x if isinstance(x, AtPoint) else x
-        return self._group[0].random_group(x, generator=generator, scale=scale)
+        return random_element(
+            self._group[0], x, generator=generator, scale=scale, condition=condition
+        )
 
     def group_name(self, shape: tuple[int, ...]) -> str:
         return self._group[0].group_name(shape)

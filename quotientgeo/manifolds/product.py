@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from ..validation import positive_int
-from .base import AtPoint, QuotientManifold
+from .base import DEFAULT_CONDITION, AtPoint, QuotientManifold, random_element
 
 Tensor = torch.Tensor
 
@@ -290,11 +290,21 @@ class ProductQuotient(QuotientManifold):
         x, u = x.expand(shape).contiguous(), u.expand(shape).contiguous()
         return torch.func.jvp(lambda y: self.act(y, g), (x,), (u,))[1]
 
-    def random_group(self, x, *, generator: torch.Generator | None = None, scale: float = 1.0):
-        """``(g_1, …, g_n)``, ``g_j`` = part ``j``'s ``random_group`` at its points."""
+    def random_group(
+        self,
+        x,
+        *,
+        generator: torch.Generator | None = None,
+        scale: float = 1.0,
+        condition: float = DEFAULT_CONDITION,
+    ):
+        """``(g_1, …, g_n)``, ``g_j`` = part ``j``'s ``random_group`` at its points (each with
+        condition number at most ``condition``)."""
         x = x.x if isinstance(x, AtPoint) else x
         return tuple(
-            m.random_group(self.part(x, j), generator=generator, scale=scale)
+            random_element(
+                m, self.part(x, j), generator=generator, scale=scale, condition=condition
+            )
             for j, m in enumerate(self._manifolds)
         )
 

@@ -2,30 +2,16 @@ r"""Element-wise GL(1) re-scaling quotient of diagonal networks ``y = xᵀ(u ⊙
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from .base import DEFAULT_METRIC, AtPoint, QuotientManifold
+from .base import AtPoint, MetricVariants, QuotientManifold
 
 Tensor = torch.Tensor
 
 __all__ = ["RescaleInvQuotient", "RescaleMixQuotient", "RescaleQuotient"]
 
 
-def _metric_class(metric) -> type[RescaleQuotient]:
-    classes = {"inv": RescaleInvQuotient, "mix": RescaleMixQuotient}
-    if isinstance(metric, str) and metric in classes:
-        return classes[metric]
-    if isinstance(metric, str):
-        raise ValueError(f"metric must be 'inv' or 'mix', got {metric!r}")
-    raise ValueError(
-        f"metric must be 'inv' or 'mix', got {metric!r}: the interpolated metric s is defined "
-        "for GL pairs only"
-    )
-
-
-class RescaleQuotient(QuotientManifold):
+class RescaleQuotient(MetricVariants, QuotientManifold, variants=True):
     r"""Quotient of pairs ``(u, v)`` by element-wise re-scaling ``(α u, v / α)``, ``α ≠ 0``.
 
     A point is ``x = [u; v]`` of shape ``(..., 2, d)`` with non-zero entries; the network
@@ -35,7 +21,7 @@ class RescaleQuotient(QuotientManifold):
     Both metrics are diagonal, :math:`M(x) u = u ⊙ m(x)`, so the isotropic map is
     :math:`e / \sqrt{m(x)}`.
     ``RescaleQuotient(metric)`` returns :class:`RescaleMixQuotient` (``"mix"``, default) or
-    :class:`RescaleInvQuotient` (``"inv"``).
+    :class:`RescaleInvQuotient` (``"inv"``) (:class:`~quotientgeo.manifolds.base.MetricVariants`).
     """
 
     closed_form_geodesic = True
@@ -43,16 +29,8 @@ class RescaleQuotient(QuotientManifold):
     name = "RescaleQuotient"
     ndim = 2
 
-    def __new__(
-        cls, metric: str | float | None = None, *args: Any, **kwargs: Any
-    ) -> RescaleQuotient:
-        if cls is RescaleQuotient:
-            cls = _metric_class(DEFAULT_METRIC if metric is None else metric)
-        return super().__new__(cls)  # pyright: ignore[reportArgumentType]  # the metric's class
-
     def __init__(self, metric: str | None = None, *, exp_steps: int | None = None):
-        if metric is not None and not isinstance(self, _metric_class(metric)):
-            raise ValueError(f"{type(self).__name__} does not have the metric {metric!r}")
+        self._check_metric(metric)
         super().__init__(exp_steps=exp_steps)
 
     def extra_repr(self) -> str:
@@ -63,7 +41,7 @@ class RescaleQuotient(QuotientManifold):
 
     def with_metric(self, metric: str | float, *, eps: float | None = None) -> RescaleQuotient:
         """``RescaleQuotient(metric)`` (``eps`` does not apply)."""
-        return _metric_class(metric)(exp_steps=self.exp_steps)
+        return RescaleQuotient(metric, exp_steps=self.exp_steps)
 
     def split(self, x: Tensor | AtPoint) -> tuple[Tensor, Tensor]:
         """``[u; v] ↦ (u, v)``."""
@@ -132,14 +110,12 @@ class RescaleQuotient(QuotientManifold):
         return True, f"smallest |entry| = {smallest:.3e}"
 
 
-class RescaleInvQuotient(RescaleQuotient):
+class RescaleInvQuotient(RescaleQuotient, metric="inv"):
     r"""``RescaleQuotient("inv")``: ``<η, ζ> = Σ η_u ζ_u / u² + η_v ζ_v / v²``.
 
     Each entry is a one-dimensional metric ``dw² / w²``: ``Γ(ξ, η) = -ξ ⊙ η / x`` and the exact
     geodesic is ``x ⊙ exp(t ξ / x)``.
     """
-
-    metric_name = "inv"
 
     def metric(self, p: AtPoint, u: Tensor) -> Tensor:
         """``u / x²``."""
@@ -162,7 +138,7 @@ class RescaleInvQuotient(RescaleQuotient):
         return p.x * torch.exp(u / p.x)
 
 
-class RescaleMixQuotient(RescaleQuotient):
+class RescaleMixQuotient(RescaleQuotient, metric="mix"):
     r"""``RescaleQuotient("mix")``: ``<η, ζ> = Σ η_u ζ_u v² + η_v ζ_v u²``.
 
     ``Γ_u(ξ, η) = (ξ_u η_v + η_u ξ_v) / v - ξ_v η_v u / v²`` (``Γ_v``: swap u and v).
@@ -175,8 +151,6 @@ class RescaleMixQuotient(RescaleQuotient):
     :meth:`expmap` returns there the limit of the lines that pass it with ``a_u > a_v``
     (``arg c = π``), and ``0`` if ``c = 0``.
     """
-
-    metric_name = "mix"
 
     def metric(self, p: AtPoint, u: Tensor) -> Tensor:
         """``(u_u v², u_v u²)``."""

@@ -14,17 +14,23 @@ Three parts, composed as in a fiber bundle:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import torch
 
-from ...linalg import cholesky, cholesky_inverse, gram, mT
-from ...validation import is_real, positive_int, real_in
-from ..base import DEFAULT_METRIC, AtPoint, GroupAction, QuotientManifold
+from ...linalg import cholesky, cholesky_inverse, conditioned_matrix, gram, mT
+from ...validation import positive_int, real_in
+from ..base import (
+    DEFAULT_CONDITION,
+    AtPoint,
+    GroupAction,
+    MetricVariants,
+    QuotientManifold,
+    check_condition,
+)
 from ..ode import rk4
 
 Tensor = torch.Tensor
-T = TypeVar("T")
 
 __all__ = ["Coefficients", "GLGroup", "GLQuotient", "GLTotalSpace", "Products", "blockwise"]
 
@@ -47,32 +53,6 @@ class Products(NamedTuple):
     uF: tuple[Tensor, Tensor]
     vF: tuple[Tensor, Tensor]
     uv: tuple[Tensor, Tensor]
-
-
-def _metric_class(metric) -> type[GLQuotient]:
-    from .interpolated import InterpolatedGLQuotient
-    from .inv import GLInvQuotient
-    from .mix import GLMixQuotient
-
-    return _choose(metric, GLInvQuotient, GLMixQuotient, InterpolatedGLQuotient)
-
-
-def _total_class(metric) -> type[GLTotalSpace]:
-    from .interpolated import InterpolatedTotalSpace
-    from .inv import InvTotalSpace
-    from .mix import MixTotalSpace
-
-    return _choose(metric, InvTotalSpace, MixTotalSpace, InterpolatedTotalSpace)
-
-
-def _choose(metric, inv: type[T], mix: type[T], interpolated: type[T]) -> type[T]:
-    if isinstance(metric, str):
-        classes = {"inv": inv, "mix": mix}
-        if metric in classes:
-            return classes[metric]
-    elif is_real(metric):
-        return interpolated
-    raise ValueError(f"metric must be 'inv', 'mix' or a number s in [0, 1], got {metric!r}")
 
 
 def blockwise(
@@ -114,7 +94,7 @@ def blockwise(
     return add
 
 
-class GLTotalSpace(QuotientManifold):
+class GLTotalSpace(MetricVariants, QuotientManifold, variants=True):
     r"""The total space of the GL(h) quotients: full-rank pairs with an invariant metric.
 
     A point is one tensor ``x = [G; H]`` of shape ``(..., n+m, h)``, ``G`` its first ``n`` rows;
@@ -125,7 +105,7 @@ class GLTotalSpace(QuotientManifold):
     ``"inv"`` ``(P⁻¹, Q⁻¹)`` (:class:`~.inv.InvTotalSpace`), ``"mix"`` ``(Q, P)``
     (:class:`~.mix.MixTotalSpace`), ``s ∈ [0, 1]`` ``(1-s)·inv + s·mix``
     (:class:`~.interpolated.InterpolatedTotalSpace`); ``GLTotalSpace(n, metric)`` returns an
-    instance of the metric's class.
+    instance of the metric's class (:class:`~quotientgeo.manifolds.base.MetricVariants`).
 
     This class holds everything that does not depend on the group: the layout (``split``,
     ``join``, shape and rank checks), the cached ``P``, ``Q``, their Cholesky factors and
@@ -149,13 +129,6 @@ class GLTotalSpace(QuotientManifold):
     name = "GLTotalSpace"
     ndim = 2
 
-    def __new__(
-        cls, n: int | None = None, metric: str | float | None = None, *args: Any, **kwargs: Any
-    ) -> GLTotalSpace:
-        if cls is GLTotalSpace:
-            cls = _total_class(DEFAULT_METRIC if metric is None else metric)
-        return super().__new__(cls)  # pyright: ignore[reportArgumentType]  # the metric's class
-
     def __init__(
         self,
         n: int,
@@ -167,8 +140,7 @@ class GLTotalSpace(QuotientManifold):
     ):
         n = positive_int("n", n, "rows of G")
         eps = real_in("eps", eps, 0.0)
-        if metric is not None and not isinstance(self, _total_class(metric)):
-            raise ValueError(f"{type(self).__name__} does not have the metric {metric!r}")
+        self._check_metric(metric)
         super().__init__(exp_steps=exp_steps, dense_max=dense_max)
         self.n = n
         self.eps = eps
@@ -460,20 +432,35 @@ class GLGroup:
         return self.act(u, A)
 
     def random_group(
-        self, x: Tensor | AtPoint, *, generator: torch.Generator | None = None, scale: float = 1.0
+        self,
+        x: Tensor | AtPoint,
+        *,
+        generator: torch.Generator | None = None,
+        scale: float = 1.0,
+        condition: float = DEFAULT_CONDITION,
     ) -> Tensor:
-        """``A = scale · N``, ``N`` with standard Gaussian entries (invertible with probability
-        one, both components of GL(h)), one per batch entry of ``x``."""
+        """``A = scale · U diag(σ) Vᵀ``, one per batch entry of ``x``: ``U``, ``V`` Haar-random
+        orthogonal, ``σ`` log-uniform in ``[c^{-1/2}, c^{1/2}]`` (``c = condition``), so
+        ``cond(A) ≤ c`` and the Gram matrices ``GᵀG``, ``HᵀH`` of the moved point have condition
+        numbers at most ``c²`` times the original ones (both components of GL(h) occur)."""
         x = x.x if isinstance(x, AtPoint) else x
         h = x.shape[-1]
-        A = torch.randn(*x.shape[:-2], h, h, generator=generator, dtype=x.dtype, device=x.device)
+        A = conditioned_matrix(
+            *x.shape[:-2],
+            h,
+            h,
+            condition=check_condition(condition),
+            generator=generator,
+            dtype=x.dtype,
+            device=x.device,
+        )
         return A.mul_(scale)
 
     def group_name(self, shape: tuple[int, ...]) -> str:
         return f"GL({shape[-1]})"
 
 
-class GLQuotient(GroupAction, GLTotalSpace):
+class GLQuotient(GroupAction, GLTotalSpace, variants=True):
     r"""Quotient of full-rank factor pairs by ``GL(h)``: ``(G, H) ~ (G A⁻¹, H Aᵀ)``.
 
     A point is one tensor ``x = [G; H]`` of shape ``(..., n+m, h)``, ``G`` its first ``n`` rows;
@@ -492,7 +479,8 @@ class GLQuotient(GroupAction, GLTotalSpace):
     ==================  ======================================  ===========================
 
     ``GLQuotient(n, metric)`` returns an instance of the class of ``metric`` (as geoopt's
-    ``Stiefel(canonical=...)`` does). ``<η, ζ> = tr(W_G η_Gᵀ ζ_G) + tr(W_H η_Hᵀ ζ_H)``.
+    ``Stiefel(canonical=...)`` does; :class:`~quotientgeo.manifolds.base.MetricVariants`).
+    ``<η, ζ> = tr(W_G η_Gᵀ ζ_G) + tr(W_H η_Hᵀ ζ_H)``.
 
     ``eps > 0`` is the relaxation of the paper's Appendix H.2 for (nearly) rank-deficient
     factors: ``P``, ``Q`` are replaced by their relaxed versions in every formula, so the
@@ -521,13 +509,6 @@ class GLQuotient(GroupAction, GLTotalSpace):
 
     name = "GLQuotient"
     ndim = 2
-
-    def __new__(
-        cls, n: int | None = None, metric: str | float | None = None, *args: Any, **kwargs: Any
-    ) -> GLQuotient:
-        if cls is GLQuotient:
-            cls = _metric_class(DEFAULT_METRIC if metric is None else metric)
-        return super().__new__(cls)  # pyright: ignore[reportArgumentType, reportReturnType]
 
     def __init__(
         self,

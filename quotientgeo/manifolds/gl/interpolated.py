@@ -16,7 +16,7 @@ Tensor = torch.Tensor
 __all__ = ["InterpolatedGLQuotient", "InterpolatedTotalSpace"]
 
 
-class InterpolatedTotalSpace(GLTotalSpace):
+class InterpolatedTotalSpace(GLTotalSpace, metric=float):
     r"""``GLTotalSpace(n, s)``: weights ``W_G = (1-s) P⁻¹ + s Q``, ``W_H = (1-s) Q⁻¹ + s P``.
 
     The metric-spectrum ablation: ``s = 0`` is the ``"inv"`` metric, ``s = 1`` the ``"mix"``
@@ -97,7 +97,7 @@ class InterpolatedTotalSpace(GLTotalSpace):
         return super().metric_inv(p, v)
 
 
-class InterpolatedGLQuotient(GLQuotient, InterpolatedTotalSpace):
+class InterpolatedGLQuotient(GLQuotient, InterpolatedTotalSpace, metric=float):
     r"""``GLQuotient(n, s)``: :class:`InterpolatedTotalSpace` by ``GL(h)``.
 
     The projection comes from the generic base (normal equations of the ``h²``-dimensional

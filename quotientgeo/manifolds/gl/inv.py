@@ -13,7 +13,7 @@ Tensor = torch.Tensor
 __all__ = ["GLInvQuotient", "InvTotalSpace"]
 
 
-class InvTotalSpace(GLTotalSpace):
+class InvTotalSpace(GLTotalSpace, metric="inv"):
     r"""``GLTotalSpace(n, "inv")``: weights ``(W_G, W_H) = (P⁻¹, Q⁻¹)``.
 
     - ``M⁻¹ v = (v_G P, v_H Q)``;
@@ -28,7 +28,6 @@ class InvTotalSpace(GLTotalSpace):
     """
 
     name = "InvTotalSpace"
-    metric_name = "inv"
 
     def extra_repr(self) -> str:
         return f"n={self.n}, metric='inv', eps={self.eps}"
@@ -74,7 +73,7 @@ class InvTotalSpace(GLTotalSpace):
         return inv_coefficients(k, same)
 
 
-class GLInvQuotient(GLQuotient, InvTotalSpace):
+class GLInvQuotient(GLQuotient, InvTotalSpace, metric="inv"):
     r"""``GLQuotient(n, "inv")``: :class:`InvTotalSpace` by ``GL(h)``.
 
     - horizontal space ``ξ_Gᵀ G Q = P Hᵀ ξ_H``; projection ``(ξ_G + G Λ, ξ_H - H Λᵀ)`` with

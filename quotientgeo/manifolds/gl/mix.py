@@ -13,7 +13,7 @@ Tensor = torch.Tensor
 __all__ = ["GLMixQuotient", "MixTotalSpace"]
 
 
-class MixTotalSpace(GLTotalSpace):
+class MixTotalSpace(GLTotalSpace, metric="mix"):
     r"""``GLTotalSpace(n, "mix")``: weights ``(W_G, W_H) = (Q, P)``.
 
     - ``M⁻¹ v = (v_G Q⁻¹, v_H P⁻¹)``;
@@ -24,7 +24,6 @@ class MixTotalSpace(GLTotalSpace):
     """
 
     name = "MixTotalSpace"
-    metric_name = "mix"
 
     def extra_repr(self) -> str:
         return f"n={self.n}, metric='mix', eps={self.eps}"
@@ -53,7 +52,7 @@ class MixTotalSpace(GLTotalSpace):
         return mix_coefficients(k, same)
 
 
-class GLMixQuotient(GLQuotient, MixTotalSpace):
+class GLMixQuotient(GLQuotient, MixTotalSpace, metric="mix"):
     r"""``GLQuotient(n, "mix")``: :class:`MixTotalSpace` by ``GL(h)``.
 
     - horizontal space ``Gᵀ ξ_G Q = P ξ_Hᵀ H``; projection ``(ξ_G + G Λ, ξ_H - H Λᵀ)`` with

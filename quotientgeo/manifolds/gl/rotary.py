@@ -11,11 +11,13 @@ subgroup of ``GL(h)`` (``h = r + u``, ``r`` rotated coordinates).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from ...linalg import cholesky, gram, mT, tensor_sum
+from ...linalg import cholesky, conditioned_matrix, gram, log_uniform, mT, tensor_sum
 from ...validation import integer
-from ..base import DEFAULT_METRIC, AtPoint, Quotient
+from ..base import DEFAULT_CONDITION, DEFAULT_METRIC, AtPoint, Quotient, check_condition
 from .base import GLGroup, GLQuotient
 
 Tensor = torch.Tensor
@@ -103,16 +105,28 @@ class RotaryGroup(GLGroup):
         return super().vertical(p, self.algebra(omega, p.x.shape[-1]))
 
     def random_group(
-        self, x: Tensor | AtPoint, *, generator: torch.Generator | None = None, scale: float = 1.0
+        self,
+        x: Tensor | AtPoint,
+        *,
+        generator: torch.Generator | None = None,
+        scale: float = 1.0,
+        condition: float = DEFAULT_CONDITION,
     ) -> Tensor:
-        """``A = scale · algebra(ω)``, ``ω`` standard Gaussian: random complex scalings on the
-        pairs and a Gaussian ``GL(u)`` block (invertible with probability one)."""
+        """``A = scale · S``, ``S ∈ (C*)^{r/2} × GL(u)`` with ``cond(S) ≤ c`` (``c =
+        condition``): on each pair the complex scaling ``ρ e^{iθ}`` (``[[a, -b], [b, a]]`` with
+        ``a + ib = ρ e^{iθ}``), ``ρ`` log-uniform in ``[c^{-1/2}, c^{1/2}]`` and ``θ`` uniform
+        in ``[0, 2π)``; on the unrotated coordinates ``U diag(σ) Vᵀ`` as in
+        :meth:`GLGroup.random_group`."""
         x = x.x if isinstance(x, AtPoint) else x
+        condition = check_condition(condition)
         h = x.shape[-1]
         _, m, u = self.coordinates(h)
-        omega = torch.randn(
-            *x.shape[:-2], 2 * m + u * u, generator=generator, dtype=x.dtype, device=x.device
-        )
+        batch = x.shape[:-2]
+        kw = {"generator": generator, "dtype": x.dtype, "device": x.device}
+        rho = log_uniform(*batch, m, condition=condition, **kw)
+        theta = (2 * math.pi) * torch.rand(*batch, m, **kw)
+        free = conditioned_matrix(*batch, u, u, condition=condition, **kw)
+        omega = torch.cat([rho * torch.cos(theta), rho * torch.sin(theta), free.flatten(-2)], -1)
         return self.algebra(omega, h).mul_(scale)
 
 
