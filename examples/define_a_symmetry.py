@@ -93,7 +93,7 @@ def mse(module, batch):
     return (module(batch[0]) - batch[1]).square().mean()
 
 
-rescaled = moved_along_orbits(model, scale=1.0, seed=1, symmetries=units)  # a = exp(N(0, 1))
+rescaled = moved_along_orbits(model, scale=1.0, seed=1, symmetries=units)  # a in [1/2, 2]
 for name, net in [("trained", model), ("rescaled", rescaled)]:
     value = geodesic_sharpness(net, mse, [(X, Y)], rho=0.1, symmetries=units(net), progress=False)
     print(f"{name:8s}  geodesic sharpness {value.value:.6f}")
