@@ -2,9 +2,10 @@ r"""``quotientgeo reproduce invariance``: sharpness along symmetry orbits (paper
 
 A small transformer classifier (:class:`._vit.DigitsViT`, float64, trained briefly on digits) is
 re-parametrised on every attention head: each QK and VO pair ``(G, H)`` found by
-:func:`quotientgeo.find_symmetries` is mapped to ``(G A⁻¹, H Aᵀ)`` with ``A = a·N`` (``N``
-Gaussian, one per head), through the geometry's own gather/act/scatter, for ``a`` from ``1e-2`` to
-``1e2``. The network's outputs do not change; we report the ratio of sharpness after/before for
+:func:`quotientgeo.find_symmetries` is mapped to ``(G A⁻¹, H Aᵀ)`` with
+``A = a·U diag(σ) Vᵀ`` (Haar-random ``U``, ``V``, ``σ`` log-uniform with ``cond(A) ≤ 100``, one
+per head), through the geometry's own gather/act/scatter, for ``a`` from ``1e-2`` to ``1e2``.
+The network's outputs do not change; we report the ratio of sharpness after/before for
 adaptive sharpness and geodesic sharpness (inv, mix).
 
 A :class:`~.pipeline.Study`: :class:`Config` (the measures as :class:`~quotientgeo.Measure`
@@ -28,6 +29,8 @@ from quotientgeo import Measure
 from . import _common as C
 from . import _vit
 from .pipeline import run_study
+
+CONDITION = 100.0  # of the group elements: a strong move that float64 resolves
 
 QUICK_SCALES = (1e-2, 1e-1, 1.0, 1e1, 1e2)
 
@@ -57,8 +60,9 @@ class Config:
 
 @dataclasses.dataclass(frozen=True)
 class Point:
-    """Sharpness of the model moved by ``A = a·N`` on every head (``scale = a``; ``None``: the
-    model as trained) and the largest change of its outputs relative to the trained model's."""
+    """Sharpness of the model moved by ``A = a·U diag(σ) Vᵀ`` on every head (``scale = a``;
+    ``None``: the model as trained) and the largest change of its outputs relative to the
+    trained model's."""
 
     scale: float | None
     output_change: float
@@ -86,10 +90,11 @@ class Analysis:
 
 
 def reparametrize(model, a: float, seed: int):
-    """A copy of ``model`` with every head's GL pair acted on by ``A = a·N``."""
+    """A copy of ``model`` with every head's GL pair acted on by ``A = a·U diag(σ) Vᵀ``
+    (Haar ``U``, ``V``; ``cond(A) ≤`` :data:`CONDITION`)."""
     from quotientgeo.testing import moved_along_orbits
 
-    return moved_along_orbits(model, scale=a, seed=seed)
+    return moved_along_orbits(model, scale=a, seed=seed, condition=CONDITION)
 
 
 def config(args: argparse.Namespace) -> Config:
@@ -157,7 +162,7 @@ def figure(config: Config, analysis: Analysis, path: Path) -> Path:
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_xlabel("a  (A = a·N on every head)")
+    ax.set_xlabel("a  (A = a·U diag(σ) Vᵀ on every head)")
     ax.set_ylabel("sharpness after / before")
     ax.legend()
     ax.set_title("Invariance along symmetry orbits")
@@ -168,7 +173,7 @@ def report(config: Config, analysis: Analysis, out: Path) -> dict[str, Any]:
     """Print the ratios, write ``invariance.json`` and ``invariance.png``."""
     moved = analysis.records.moved
     C.print_table(
-        f"Sharpness after / before re-parametrising every head by A = a·N (ρ = {config.rho})",
+        f"Sharpness after / before moving every head by A = a·U diag(σ) Vᵀ (ρ = {config.rho})",
         ["a", "max |Δ output| (rel.)", *config.measures],
         [
             [f"{p.scale:.3g}", f"{p.output_change:.1e}"]
@@ -222,5 +227,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Sharpness along symmetry orbits (Fig. 7): after/before ratio for A = a·N on every head."""
+    """Sharpness along symmetry orbits (Fig. 7): after/before ratio for ``A = a·U diag(σ) Vᵀ``."""
     return run_study(STUDY, args)
