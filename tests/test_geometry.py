@@ -22,7 +22,8 @@ DT = torch.float64
 
 
 def random_group_elements(geometry, scale=1.0, seed=0):
-    """``manifold.random_group`` per kind: ``A = scale·N`` (GL), ``α = scale·exp(ω)``."""
+    """``manifold.random_group`` per kind: ``A = scale·U diag(σ) Vᵀ`` (GL, condition ≤ 4),
+    positive scalings ``α = scale·σ`` (re-scaling, scale)."""
     g = torch.Generator().manual_seed(seed)
     points, _ = geometry.gather()
     return [

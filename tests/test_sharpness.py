@@ -41,7 +41,8 @@ SCALES = (1e-2, 1e-1, 1.0, 10.0, 100.0)
 
 
 def reparametrise(model, scale, seed=0):
-    """Copy of ``model`` with every head's QK and VO pair acted on by ``A = scale·N``."""
+    """Copy of ``model`` with every head's QK and VO pair acted on by ``A = scale·U diag(σ) Vᵀ``
+    (condition ≤ 4)."""
     return moved_along_orbits(model, scale=scale, seed=seed)
 
 
