@@ -7,8 +7,9 @@ plus :class:`~quotientgeo.optim.GeodesicSAM`'s two steps. Contenders are timed b
 :func:`.timing.interleaved` (``steps`` training steps per contender and round); ratios to SAM
 are medians of the per-round ratios.
 
-:data:`METHODS`, :func:`make_optimizer` and :func:`train_step` are also what
-``quotientgeo reproduce sam`` trains with.
+The steps (:data:`~quotientgeo.optim.training.METHODS`, ``make_optimizer``,
+``train_step``) are those ``quotientgeo reproduce sam`` trains with, from
+:mod:`quotientgeo.optim.training`.
 """
 
 from __future__ import annotations
@@ -18,47 +19,11 @@ import json
 import statistics
 
 import torch
-from torch.nn import functional as F
 
+from ..optim.training import METHODS, make_optimizer, train_step
 from ..testing import TinyTransformerClassifier
 from .options import add_model_arguments, run_config
 from .timing import interleaved, median_ratio
-
-# GeodesicSAM settings of each method (None: the base optimizer alone)
-METHODS = {
-    "adamw": None,
-    "sam": {"variant": "sam"},
-    "asam": {"variant": "asam"},
-    "geodesic_mix": {"variant": "geodesic", "metric": "mix"},
-    "geodesic_inv": {"variant": "geodesic", "metric": "inv"},
-}
-
-
-def make_optimizer(method: str, model, rho: float | None, **adamw) -> torch.optim.Optimizer:
-    """AdamW (``method="adamw"``) or :class:`~quotientgeo.optim.GeodesicSAM` around AdamW."""
-    if METHODS[method] is None:
-        return torch.optim.AdamW(model.parameters(), **adamw)
-    from ..optim import GeodesicSAM
-
-    if rho is None:
-        raise ValueError(f"method {method!r} is a SAM variant and needs a radius rho")
-    return GeodesicSAM(model, torch.optim.AdamW, rho=rho, **METHODS[method], **adamw)
-
-
-def train_step(method: str, model, opt, x, y) -> None:
-    """One step on the cross-entropy of ``(x, y)`` (two forward/backward passes for SAM types)."""
-
-    def closure():
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        return loss
-
-    if METHODS[method] is None:
-        closure()
-        opt.step()
-    else:
-        opt.step(closure)
-    opt.zero_grad(set_to_none=True)
 
 
 def step_times(build, x, y, rho: dict[str, float], *, rounds: int, steps: int = 5, **adamw):

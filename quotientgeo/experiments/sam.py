@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..bench.sam import METHODS, make_optimizer, step_times, train_step
+from ..bench.sam import step_times
+from ..optim.training import METHODS, make_optimizer, train_step
 from . import _common as C
 from . import _vit
 
