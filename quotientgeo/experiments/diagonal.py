@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from quotientgeo import Measure
+
 from . import _common as C
 
 PAPER_TAU = {"adaptive": -0.68, "geodesic_inv": -0.83, "geodesic_mix": -0.86}
@@ -148,25 +150,187 @@ def rescale_geometry(model: DiagonalNet):
     return ParameterGeometry(model).add_rescale_pair("u", "v", label="diagonal network")
 
 
+def measures(rho: float, n_iter: int, seed: int) -> dict[str, Measure]:
+    """The study's rows: adaptive, and geodesic sharpness in the ``inv`` and ``mix`` metrics with
+    the second-order map (``geodesic_*``) and the exact geodesic (``exact_*``). The geodesic rows
+    are measured on :func:`rescale_geometry` declared in their metric (:func:`measure_model`)."""
+    out = {"adaptive": Measure.adaptive(rho, n_iter=n_iter, seed=seed)}
+    for name, perturbation in (("geodesic", "second_order"), ("exact", "exact")):
+        for metric in ("inv", "mix"):
+            out[f"{name}_{metric}"] = Measure.geodesic(
+                rho, metric=metric, perturbation=perturbation, n_iter=n_iter, seed=seed
+            )
+    return out  # the order of MEASURES
+
+
+def measure_model(model: DiagonalNet, batches, rows: dict[str, Measure]) -> dict[str, float]:
+    """Each row's value on ``model``; geodesic rows on the re-scaling pair in their metric."""
+    values = {}
+    for name, m in rows.items():
+        if m.symmetries is not None:  # the pair is declared explicitly, in the row's metric
+            m = m.replace(symmetries=rescale_geometry(model).with_metric(m.metric))
+        # each rank of a population run measures its own models
+        values[name] = m.evaluate(model, mse, batches, progress=False, distributed="off").value
+    return values
+
+
 def sharpness_of(model: DiagonalNet, batches, *, rho: float, n_iter: int, seed: int) -> dict:
     """Adaptive and geodesic (inv, mix; second-order and exact geodesics) worst-case sharpness."""
-    from quotientgeo import sharpness as sh
+    return measure_model(model, batches, measures(rho, n_iter, seed))
 
-    # each rank of a population run measures its own models
-    common = {"rho": rho, "n_iter": n_iter, "seed": seed, "progress": False, "distributed": "off"}
-    geometry = rescale_geometry(model)
-    out = {"adaptive": sh.adaptive_sharpness(model, mse, batches, **common)}
-    for metric in ("inv", "mix"):
-        for name, perturbation in (("geodesic", "second_order"), ("exact", "exact")):
-            out[f"{name}_{metric}"] = sh.geodesic_sharpness(
-                model,
-                mse,
-                batches,
-                perturbation=perturbation,
-                symmetries=geometry.with_metric(metric),
-                **common,
-            )
-    return {k: r.value for k, r in out.items()}
+
+# ---------------------------------------------------------------------- the study
+@dataclass(frozen=True)
+class Study:
+    """Everything that decides a run: the sizes, the seed and the measured rows."""
+
+    sizes: Config
+    seed: int
+    quick: bool
+    rows: dict[str, Measure]
+
+
+@dataclass(frozen=True)
+class Member:
+    """One trained network and its measured values."""
+
+    alpha: float
+    lr_factor: float
+    batch_size: int
+    steps: int
+    train_loss: float
+    test_loss: float
+    values: dict[str, float]
+
+    @property
+    def gap(self) -> float:
+        return self.test_loss - self.train_loss
+
+
+@dataclass(frozen=True)
+class Records:
+    members: list[Member]  # the networks that did not diverge, in population order
+    n_models: int
+    n_converged: int
+    training_seconds: float
+
+
+@dataclass(frozen=True)
+class Analysis:
+    records: Records
+    values: dict[str, list[float]]
+    gap: list[float]
+    taus: dict[str, float]
+    pvalues: dict[str, float]
+
+
+def config(args: argparse.Namespace) -> Study:
+    sizes = Config.quick() if args.quick else Config()
+    for field in ("rho", "n_models", "n_iter"):
+        if getattr(args, field, None) is not None:
+            setattr(sizes, field, getattr(args, field))
+    rows = measures(sizes.rho, sizes.n_iter, args.seed)
+    return Study(sizes=sizes, seed=args.seed, quick=args.quick, rows=rows)
+
+
+def collect(study: Study, population: C.Population, args: argparse.Namespace) -> Records:
+    """Train the population (every rank: one batched program, seconds), measure this rank's
+    share of the networks, gather the members in population order."""
+    t0 = time.perf_counter()
+    cfg = study.sizes
+    data = make_data(cfg, study.seed)
+    hp = hyperparameters(cfg.n_models, cfg.n, study.seed)
+    bar = C.progress(None, args=args, desc="training (converged)", total=cfg.n_models)
+    with bar:
+        trained = train_population(data, hp, cfg, study.seed, bar)
+    training_seconds = time.perf_counter() - t0
+    finite = torch.isfinite(trained["test_loss"]) & torch.isfinite(trained["train_loss"])
+    keep = finite.nonzero().flatten().tolist()
+    if len(keep) < cfg.n_models and population.is_reporter:
+        print(f"{cfg.n_models - len(keep)} network(s) diverged and are left out")
+    if len(keep) < 3:
+        raise RuntimeError("fewer than 3 networks trained without diverging; try another --seed")
+    batches = [(data["X"], data["y"])]
+    values = {}
+    with C.threads(1):
+        for i in C.progress(population.mine(len(keep)), args=args, desc="sharpness (models)"):
+            model = DiagonalNet(trained["u"][keep[i]], trained["v"][keep[i]])
+            values[i] = measure_model(model, batches, study.rows)
+    gathered = population.gather(values)
+    members = [
+        Member(
+            alpha=float(hp["alpha"][k]),
+            lr_factor=float(hp["lr_factor"][k]),
+            batch_size=int(hp["batch_size"][k]),
+            steps=int(trained["steps"][k]),
+            train_loss=float(trained["train_loss"][k]),
+            test_loss=float(trained["test_loss"][k]),
+            values=v,
+        )
+        for k, v in zip(keep, gathered, strict=True)
+    ]
+    converged = int((trained["train_loss"] < cfg.target_loss).sum())
+    return Records(members, cfg.n_models, converged, training_seconds)
+
+
+def analyse(study: Study, records: Records) -> Analysis:
+    """Kendall τ (and its p-value) of every row with the generalization gap."""
+    gap = [m.gap for m in records.members]
+    values = {key: [m.values[key] for m in records.members] for key in study.rows}
+    taus, pvalues = {}, {}
+    for key in study.rows:
+        taus[key], pvalues[key] = C.kendall(values[key], gap)
+    return Analysis(records, values, gap, taus, pvalues)
+
+
+def report(study: Study, analysis: Analysis, out, *, ranks: int, started: float) -> dict:
+    """The table, ``diagonal.json`` and ``diagonal.png`` (``started``: the run's start time,
+    ``time.perf_counter()``)."""
+    cfg, records, gap = study.sizes, analysis.records, analysis.gap
+    taus, pvalues, values = analysis.taus, analysis.pvalues, analysis.values
+    C.print_table(
+        f"Kendall τ with the generalization gap ({len(gap)} diagonal networks, ρ = {cfg.rho})",
+        ["measure", "τ (ours)", "p-value", "τ (paper)"],
+        [[k, taus[k], f"{pvalues[k]:.1e}", PAPER_TAU.get(k)] for k in study.rows],
+    )
+    print(
+        f"{records.n_converged}/{cfg.n_models} networks reached training loss < "
+        f"{cfg.target_loss:g}; generalization gap from {min(gap):.3g} to {max(gap):.3g}"
+    )
+    figure(gap, values, taus, out / "diagonal.png")
+    models = [
+        {
+            "alpha": m.alpha,
+            "lr_factor": m.lr_factor,
+            "batch_size": m.batch_size,
+            "steps": m.steps,
+            "train_loss": m.train_loss,
+            "test_loss": m.test_loss,
+            "gap": m.gap,
+            **m.values,
+        }
+        for m in records.members
+    ]
+    payload = {
+        "command": "diagonal",
+        "quick": study.quick,
+        "seed": study.seed,
+        "config": vars(cfg),
+        "ranks": ranks,
+        "kendall_tau": {k: C.finite_or_none(v) for k, v in taus.items()},
+        "p_value": {k: C.finite_or_none(v) for k, v in pvalues.items()},
+        "paper_kendall_tau": PAPER_TAU,
+        "n_converged": records.n_converged,
+        "n_diverged": records.n_models - len(records.members),
+        "models": models,
+        "seconds": {
+            "training": records.training_seconds,
+            "total": time.perf_counter() - started,
+        },
+    }
+    C.write_json(out / "diagonal.json", payload)
+    print(f"wrote {out / 'diagonal.json'} and {out / 'diagonal.png'}")
+    return payload
 
 
 # ---------------------------------------------------------------------- figure and command
@@ -200,90 +364,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Diagonal networks (paper §5.1, Fig. 3): Kendall τ of adaptive/geodesic sharpness vs gap.
 
-    Under ``torchrun --nproc_per_node N`` every rank trains the population (one batched tensor
-    program, seconds) and measures its share of the networks; rank 0 gathers the values in
-    population order and writes the same JSON and figure.
+    ``config`` → ``collect`` → ``analyse`` → ``report``. Under ``torchrun --nproc_per_node N``
+    every rank trains the population (one batched tensor program, seconds) and measures its
+    share of the networks; rank 0 gathers the values in population order and writes the same
+    JSON and figure.
     """
+    t0 = time.perf_counter()
+    study = config(args)
+    out = C.out_dir(args)
     with C.Population() as population:
         args.no_progress = args.no_progress or not population.is_reporter
-        return _run(args, population)
-
-
-def _run(args: argparse.Namespace, population: C.Population) -> int:
-    t0 = time.perf_counter()
-    cfg = Config.quick() if args.quick else Config()
-    for field in ("rho", "n_models", "n_iter"):
-        if getattr(args, field, None) is not None:
-            setattr(cfg, field, getattr(args, field))
-    out = C.out_dir(args)
-    data = make_data(cfg, args.seed)
-    hp = hyperparameters(cfg.n_models, cfg.n, args.seed)
-    bar = C.progress(None, args=args, desc="training (converged)", total=cfg.n_models)
-    with bar:
-        trained = train_population(data, hp, cfg, args.seed, bar)
-    t_train = time.perf_counter() - t0
-    finite = torch.isfinite(trained["test_loss"]) & torch.isfinite(trained["train_loss"])
-    keep = finite.nonzero().flatten().tolist()
-    if len(keep) < cfg.n_models and population.is_reporter:
-        print(f"{cfg.n_models - len(keep)} network(s) diverged and are left out")
-    if len(keep) < 3:
-        raise RuntimeError("fewer than 3 networks trained without diverging; try another --seed")
-    gap = [float(trained["test_loss"][k] - trained["train_loss"][k]) for k in keep]
-    batches = [(data["X"], data["y"])]
-    records = {}
-    with C.threads(1):
-        for i in C.progress(population.mine(len(keep)), args=args, desc="sharpness (models)"):
-            model = DiagonalNet(trained["u"][keep[i]], trained["v"][keep[i]])
-            records[i] = sharpness_of(
-                model, batches, rho=cfg.rho, n_iter=cfg.n_iter, seed=args.seed
-            )
-    gathered = population.gather(records)
-    if not population.is_reporter:
-        return 0
-    values = {key: [r[key] for r in gathered] for key in MEASURES}
-    taus, pvalues = {}, {}
-    for key in MEASURES:
-        taus[key], pvalues[key] = C.kendall(values[key], gap)
-    C.print_table(
-        f"Kendall τ with the generalization gap ({len(keep)} diagonal networks, ρ = {cfg.rho})",
-        ["measure", "τ (ours)", "p-value", "τ (paper)"],
-        [[k, taus[k], f"{pvalues[k]:.1e}", PAPER_TAU.get(k)] for k in MEASURES],
-    )
-    converged = int((trained["train_loss"] < cfg.target_loss).sum())
-    print(
-        f"{converged}/{cfg.n_models} networks reached training loss < {cfg.target_loss:g}; "
-        f"generalization gap from {min(gap):.3g} to {max(gap):.3g}"
-    )
-    figure(gap, values, taus, out / "diagonal.png")
-    models = [
-        {
-            "alpha": float(hp["alpha"][k]),
-            "lr_factor": float(hp["lr_factor"][k]),
-            "batch_size": int(hp["batch_size"][k]),
-            "steps": int(trained["steps"][k]),
-            "train_loss": float(trained["train_loss"][k]),
-            "test_loss": float(trained["test_loss"][k]),
-            "gap": gap[i],
-            **{key: values[key][i] for key in MEASURES},
-        }
-        for i, k in enumerate(keep)
-    ]
-    C.write_json(
-        out / "diagonal.json",
-        {
-            "command": "diagonal",
-            "quick": args.quick,
-            "seed": args.seed,
-            "config": vars(cfg),
-            "ranks": population.world,
-            "kendall_tau": {k: C.finite_or_none(v) for k, v in taus.items()},
-            "p_value": {k: C.finite_or_none(v) for k, v in pvalues.items()},
-            "paper_kendall_tau": PAPER_TAU,
-            "n_converged": converged,
-            "n_diverged": cfg.n_models - len(keep),
-            "models": models,
-            "seconds": {"training": t_train, "total": time.perf_counter() - t0},
-        },
-    )
-    print(f"wrote {out / 'diagonal.json'} and {out / 'diagonal.png'}")
+        records = collect(study, population, args)
+        if not population.is_reporter:
+            return 0
+        report(study, analyse(study, records), out, ranks=population.world, started=t0)
     return 0
