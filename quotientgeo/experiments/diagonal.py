@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from quotientgeo import Measure
+from quotientgeo.manifolds import DEFAULT_METRIC
 
 from . import _common as C
 
@@ -143,11 +144,14 @@ def mse(model: nn.Module, batch) -> torch.Tensor:
     return (model(x) - y).square().mean()
 
 
-def rescale_geometry(model: DiagonalNet):
-    """The re-scaling symmetry ``(u, v) ~ (α u, v / α)``, declared through the explicit API."""
+def rescale_geometry(model: DiagonalNet, metric: str = DEFAULT_METRIC):
+    """The re-scaling symmetry ``(u, v) ~ (α u, v / α)``, declared in ``metric`` through the
+    explicit API."""
     from quotientgeo.geometry import ParameterGeometry
 
-    return ParameterGeometry(model).add_rescale_pair("u", "v", label="diagonal network")
+    return ParameterGeometry(model).add_rescale_pair(
+        "u", "v", label="diagonal network", metric=metric
+    )
 
 
 def measures(rho: float, n_iter: int, seed: int) -> dict[str, Measure]:
@@ -168,7 +172,8 @@ def measure_model(model: DiagonalNet, batches, rows: dict[str, Measure]) -> dict
     values = {}
     for name, m in rows.items():
         if m.symmetries is not None:  # the pair is declared explicitly, in the row's metric
-            m = m.replace(symmetries=rescale_geometry(model).with_metric(m.metric))
+            metric = DEFAULT_METRIC if m.metric is None else str(m.metric)
+            m = m.replace(symmetries=rescale_geometry(model, metric))
         # each rank of a population run measures its own models
         values[name] = m.evaluate(model, mse, batches, progress=False, distributed="off").value
     return values
