@@ -43,11 +43,13 @@ def _public_objects() -> dict[str, object]:
     import quotientgeo.geometry
     import quotientgeo.manifolds
     import quotientgeo.optim
+    import quotientgeo.options
+    import quotientgeo.sharpness
     import quotientgeo.testing
 
     modules = (quotientgeo, quotientgeo.geometry, quotientgeo.manifolds, quotientgeo.optim)
     public = {}
-    for module in (*modules, quotientgeo.testing):
+    for module in (*modules, quotientgeo.options, quotientgeo.sharpness, quotientgeo.testing):
         public.update({name: getattr(module, name) for name in module.__all__})
     return public
 

@@ -244,7 +244,7 @@ class ParameterGeometry:
     @property
     def metrics(self) -> tuple[str | float, ...]:
         """The distinct declared metrics of the kinds that have a choice of metric
-        (:attr:`QuotientManifold.metric_name`), in the order of :attr:`kinds`."""
+        (each manifold's ``metric_name``), in the order of :attr:`kinds`."""
         names = (k.manifold.metric_name for k in self.kinds)
         return tuple(dict.fromkeys(n for n in names if n is not None))
 

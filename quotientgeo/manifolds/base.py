@@ -546,7 +546,7 @@ class MetricVariants:
     """A family of quotient classes, one per metric, among which construction chooses.
 
     The family's root is declared with the class keyword ``variants=True``, each member with
-    ``metric=name`` (a string, which also sets the member's :attr:`QuotientManifold.metric_name`)
+    ``metric=name`` (a string, which also sets the member's ``metric_name``)
     or ``metric=float`` (the member for a real interpolation weight ``s``, which sets
     ``metric_name`` itself). ``Root(..., metric=m)`` (``metric`` as its ``__init__`` names it,
     by position or keyword) constructs the member registered under ``m``, ``DEFAULT_METRIC``

@@ -1,7 +1,7 @@
 """Discovery of the symmetry blocks of attention and LoRA layers in a model.
 
 - :mod:`.findings`: :class:`AttentionFinding` (what a reader found in one attention module),
-  :class:`Rotary`, :class:`Unmapped`, the :data:`ROTARY_PAIRING` table;
+  :class:`Rotary`, :class:`Unmapped`, the ``ROTARY_PAIRING`` table;
 - :mod:`.context`: :class:`DiscoveryContext`, what readers may read besides their module;
 - :mod:`.readers`, :mod:`.families`: one reader per attention layout;
 - :mod:`.registry`: the readers tried, in order, and :func:`register_reader`;

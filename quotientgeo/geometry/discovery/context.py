@@ -91,7 +91,7 @@ class DiscoveryContext:
             settings), or ``None``.
         rotary: rotary embeddings found in the model (a module named like one or a rotary
             config setting) with their pairing (``rotary_pairing=`` of :func:`find_symmetries`,
-            else :data:`ROTARY_PAIRING` of the ``model_type``), or ``None``.
+            else ``ROTARY_PAIRING`` of the ``model_type``), or ``None``.
         rotary_pairing: the pairing stated to :func:`find_symmetries` (``None``: none).
     """
 

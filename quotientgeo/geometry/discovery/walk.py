@@ -46,7 +46,7 @@ def find_symmetries(
         metric: the metric of every declared GL and rotary block (``"mix"``, ``"inv"`` or
             ``s`` in ``[0, 1]``).
         rotary_pairing: the coordinate pairing of the model's rotary embeddings, ``"half"``
-            or ``"interleaved"``; ``None`` reads it from :data:`ROTARY_PAIRING` by the
+            or ``"interleaved"``; ``None`` reads it from ``ROTARY_PAIRING`` by the
             config's ``model_type``.
         warn: warn (``UserWarning``, one per module) about everything recognised but left to
             the adaptive geometry, with the reason, and once about attention blocks left out
