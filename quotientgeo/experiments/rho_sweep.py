@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 
 import torch
 
+from .. import Measure
 from ..manifolds import GLQuotient
 from . import _common as C
 from . import _vit, diagonal
@@ -72,64 +74,109 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     C.add_common_arguments(parser, "rho-sweep")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Second-order vs exact geodesics across ρ: relative difference of geodesic sharpness."""
-    t0 = time.perf_counter()
-    out = C.out_dir(args)
-    from quotientgeo import sharpness as sh
+# ---------------------------------------------------------------------- the study
+@dataclass(frozen=True)
+class Config:
+    """The radii, the Auto-PGD budget and the seed; both metrics on both networks."""
 
+    quick: bool
+    seed: int
+    rhos: tuple[float, ...]
+    n_iter: int
+    metrics: tuple[str, ...] = ("inv", "mix")
+
+    def measures(self, rho: float, geometry) -> dict[str, Measure]:
+        """Geodesic sharpness with the second-order map and with the exact geodesic, on
+        ``geometry`` (declared in the metric to measure)."""
+        return {
+            p: Measure.geodesic(
+                rho, perturbation=p, symmetries=geometry, n_iter=self.n_iter, seed=self.seed
+            )
+            for p in ("second_order", "exact")
+        }
+
+
+@dataclass(frozen=True)
+class Point:
+    """Both values at one (network, metric, ρ) and the end-point errors of the maps at ξ*."""
+
+    network: str
+    metric: str
+    rho: float
+    second_order: float
+    exact: float
+    map_errors: dict[str, float]
+
+    @property
+    def relative_difference(self) -> float:
+        return abs(self.second_order - self.exact) / max(abs(self.exact), 1e-300)
+
+
+def config(args: argparse.Namespace) -> Config:
     rhos = (
         [1e-3, 1e-2, 1e-1] if args.quick else torch.logspace(-3, 0, 7, dtype=torch.float64).tolist()
     )
-    n_iter = 3 if args.quick else 20
-    results: dict[str, dict[str, dict[str, list[float]]]] = {}
-    rows = []
+    return Config(args.quick, args.seed, tuple(rhos), 3 if args.quick else 20)
+
+
+def collect(config: Config, args: argparse.Namespace) -> list[Point]:
+    """Every (network, metric, ρ): both measures, and the map errors at the exact ξ*."""
+    points = []
     with C.threads(1):
         nets = models(args)
-        jobs = [(n, m, r) for n in nets for m in ("inv", "mix") for r in rhos]
+        jobs = [(n, m, r) for n in nets for m in config.metrics for r in config.rhos]
         for name, metric, rho in C.progress(jobs, args=args, desc="rho sweep"):
-            model, loss_fn, batches, sym = nets[name]
-            entry = results.setdefault(name, {}).setdefault(
-                metric,
-                {
-                    "second_order": [],
-                    "exact": [],
-                    "relative_difference": [],
-                    **{f"map_error_{k}": [] for k in MAPS},
-                },
-            )
-            found = {}
-            for pert in ("second_order", "exact"):
-                found[pert] = sh.geodesic_sharpness(
-                    model,
-                    loss_fn,
-                    batches,
-                    rho=rho,
-                    perturbation=pert,
-                    symmetries=sym.with_metric(metric),
-                    n_iter=n_iter,
-                    seed=args.seed,
-                    progress=False,
-                    return_perturbation=pert == "exact",
+            model, loss_fn, batches, geometry = nets[name]
+            found = {
+                p: m.evaluate(
+                    model, loss_fn, batches, progress=False, return_perturbation=p == "exact"
                 )
-                entry[pert].append(found[pert].value)
-            s2, se = found["second_order"].value, found["exact"].value
-            rel = abs(s2 - se) / max(abs(se), 1e-300)
-            entry["relative_difference"].append(rel)
+                for p, m in config.measures(rho, geometry.with_metric(metric)).items()
+            }
             perturbations = found["exact"].perturbations or [{}]
-            errors = map_errors(model, sym, metric, perturbations[0])
-            for k in MAPS:
-                entry[f"map_error_{k}"].append(errors[k])
-            rows.append(
-                [name, metric, f"{rho:.3g}", f"{s2:.4g}", f"{se:.4g}", f"{rel:.2e}"]
-                + [f"{errors[k]:.1e}" for k in MAPS]
+            errors = map_errors(model, geometry, metric, perturbations[0])
+            points.append(
+                Point(name, metric, rho, found["second_order"].value, found["exact"].value, errors)
             )
+    return points
+
+
+def analyse(points: list[Point]) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """``{network: {metric: {second_order, exact, relative_difference, map_error_*: [per ρ]}}}``."""
+    results: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for p in points:
+        entry = results.setdefault(p.network, {}).setdefault(
+            p.metric,
+            {
+                "second_order": [],
+                "exact": [],
+                "relative_difference": [],
+                **{f"map_error_{k}": [] for k in MAPS},
+            },
+        )
+        entry["second_order"].append(p.second_order)
+        entry["exact"].append(p.exact)
+        entry["relative_difference"].append(p.relative_difference)
+        for k in MAPS:
+            entry[f"map_error_{k}"].append(p.map_errors[k])
+    return results
+
+
+def report(config: Config, points: list[Point], results: dict, out, started: float) -> None:
+    """The table, ``rho_sweep.json`` and ``rho_sweep.png``."""
+    rows = [
+        [p.network, p.metric, f"{p.rho:.3g}", f"{p.second_order:.4g}", f"{p.exact:.4g}"]
+        + [f"{p.relative_difference:.2e}"]
+        + [f"{p.map_errors[k]:.1e}" for k in MAPS]
+        for p in points
+    ]
     C.print_table(
         "Geodesic sharpness: second-order vs exact geodesics; end-point errors of the maps at ξ*",
         ["network", "metric", "ρ", "S second order", "S exact", "rel. diff."]
         + [f"err {k}" for k in MAPS],
         rows,
     )
+    rhos = list(config.rhos)
     plt = C.pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for name, per_metric in results.items():
@@ -147,13 +194,23 @@ def run(args: argparse.Namespace) -> int:
         out / "rho_sweep.json",
         {
             "command": "rho-sweep",
-            "quick": args.quick,
-            "seed": args.seed,
+            "quick": config.quick,
+            "seed": config.seed,
             "rho": rhos,
-            "n_iter": n_iter,
+            "n_iter": config.n_iter,
             "results": results,
-            "seconds": time.perf_counter() - t0,
+            "seconds": time.perf_counter() - started,
         },
     )
     print(f"wrote {out / 'rho_sweep.json'} and {out / 'rho_sweep.png'}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Second-order vs exact geodesics across ρ: ``config`` → ``collect`` → ``analyse`` →
+    ``report`` (one process measures everything)."""
+    started = time.perf_counter()
+    out = C.out_dir(args)
+    study = config(args)
+    points = collect(study, args)
+    report(study, points, analyse(points), out, started)
     return 0
