@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -152,50 +153,96 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metric", choices=METRICS, default="inv", help="quotient metric (inv)")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Toy network x ↦ θ₂θ₁x (Fig. 1, App. D): Euclidean vs Riemannian gradient and Hessian."""
-    t0 = time.perf_counter()
-    out = C.out_dir(args)
-    x, y = make_data(200, args.seed)
-    size = 60 if args.quick else 300
-    axis = torch.linspace(-2.5, 2.5, size, dtype=torch.float64)  # even size: no zero entries
+QUANTITIES = (
+    "euclidean_grad_norm",
+    "riemannian_grad_norm",
+    "euclidean_hessian_trace",
+    "riemannian_hessian_trace",
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The data seed, the grid size and the metric of the figure."""
+
+    quick: bool
+    seed: int
+    metric: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Records:
+    """The quantities on the grid (library and closed form) and their variation along orbits."""
+
+    grid: torch.Tensor
+    library: dict[str, torch.Tensor]
+    formula: dict[str, torch.Tensor]
+    variation: dict[str, dict[str, float]]
+
+
+def config(args: argparse.Namespace) -> Config:
+    return Config(args.quick, args.seed, args.metric, 60 if args.quick else 300)
+
+
+def collect(config: Config) -> Records:
+    x, y = make_data(200, config.seed)
+    axis = torch.linspace(-2.5, 2.5, config.size, dtype=torch.float64)  # even size: no zeros
     T1, T2 = torch.meshgrid(axis, axis, indexing="xy")
     grid = torch.stack((T1, T2), -1)[..., None]
-    q = quantities(grid, x, y, args.metric)
-    ref = closed_form(grid, x, y, args.metric)
-    agreement = {
-        k: float(((q[k] - v).abs() / v.abs().clamp_min(1e-3)).max()) for k, v in ref.items()
+    return Records(
+        grid,
+        quantities(grid, x, y, config.metric),
+        closed_form(grid, x, y, config.metric),
+        {m: orbit_variation(x, y, m) for m in METRICS},
+    )
+
+
+def analyse(records: Records) -> dict[str, float]:
+    """Largest relative error of each library quantity against its closed form."""
+    return {
+        k: float(((records.library[k] - v).abs() / v.abs().clamp_min(1e-3)).max())
+        for k, v in records.formula.items()
     }
-    variation = {m: orbit_variation(x, y, m) for m in METRICS}
+
+
+def report(config: Config, records: Records, agreement: dict, out, started: float) -> None:
+    """The table, ``toy.json`` and ``toy.png``."""
+    variation = records.variation
     rows = [
-        [k, variation["inv"][k], variation["mix"][k], agreement[k]]
-        for k in (
-            "euclidean_grad_norm",
-            "riemannian_grad_norm",
-            "euclidean_hessian_trace",
-            "riemannian_hessian_trace",
-        )
+        [k, f"{variation['inv'][k]:.2e}", f"{variation['mix'][k]:.2e}", f"{agreement[k]:.1e}"]
+        for k in QUANTITIES
     ]
-    rows = [[r[0], f"{r[1]:.2e}", f"{r[2]:.2e}", f"{r[3]:.1e}"] for r in rows]
     C.print_table(
         "Relative change along orbits (α θ₁, θ₂/α), α ∈ [0.1, 10] (Euclidean rows: same for "
         "both columns); last column: library vs closed form",
-        ["quantity", "inv", "mix", f"vs formula ({args.metric})"],
+        ["quantity", "inv", "mix", f"vs formula ({config.metric})"],
         rows,
     )
-    figure(grid, q, args.metric, out / "toy.png")
+    figure(records.grid, records.library, config.metric, out / "toy.png")
     C.write_json(
         out / "toy.json",
         {
             "command": "toy",
-            "quick": args.quick,
-            "seed": args.seed,
-            "metric": args.metric,
-            "grid_size": size,
+            "quick": config.quick,
+            "seed": config.seed,
+            "metric": config.metric,
+            "grid_size": config.size,
             "orbit_relative_variation": variation,
             "closed_form_max_relative_error": agreement,
-            "seconds": time.perf_counter() - t0,
+            "seconds": time.perf_counter() - started,
         },
     )
     print(f"wrote {out / 'toy.json'} and {out / 'toy.png'}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Toy network x ↦ θ₂θ₁x (Fig. 1, App. D): Euclidean vs Riemannian gradient and Hessian.
+
+    ``config`` → ``collect`` → ``analyse`` → ``report``."""
+    started = time.perf_counter()
+    out = C.out_dir(args)
+    study = config(args)
+    records = collect(study)
+    report(study, records, analyse(records), out, started)
     return 0
