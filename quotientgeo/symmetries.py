@@ -6,7 +6,7 @@ import warnings
 
 from torch import nn
 
-from .geometry import HALF, ParameterGeometry, find_symmetries
+from .geometry import ParameterGeometry, find_symmetries
 
 __all__ = ["geometry_of"]
 
@@ -46,7 +46,7 @@ def geometry_of(
         )
     if not geometry.params:
         raise ValueError("the model has no trainable parameters (requires_grad=True)")
-    half = sorted({str(p.dtype) for p in geometry.params.values() if p.dtype in HALF})
+    half = geometry.half_dtypes
     if half:
         warnings.warn(
             f"the model has {', '.join(half)} parameters: the geometry (points, perturbations, "

@@ -242,6 +242,12 @@ class ParameterGeometry:
         return new
 
     @property
+    def half_dtypes(self) -> list[str]:
+        """The half-precision dtypes (``float16``, ``bfloat16``) among the trainable parameters,
+        as sorted names."""
+        return sorted({str(p.dtype) for p in self.params.values() if p.dtype in HALF})
+
+    @property
     def metrics(self) -> tuple[str | float, ...]:
         """The distinct declared metrics of the kinds that have a choice of metric
         (each manifold's ``metric_name``), in the order of :attr:`kinds`."""
@@ -316,13 +322,22 @@ class ParameterGeometry:
     ) -> list[QuotientManifold]:
         """One manifold per kind (order of :attr:`kinds` and :meth:`gather`).
 
-        ``metric`` (``"inv"``, ``"mix"`` or ``s``) and ``eps`` re-choose the metric of the
-        shipped GL and re-scaling kinds (:meth:`QuotientManifold.with_metric`); ``None``
-        keeps every kind's declared manifold.
+        ``metric`` (``"inv"``, ``"mix"`` or ``s``) re-chooses the metric of the shipped GL and
+        re-scaling kinds (:meth:`QuotientManifold.with_metric`), ``None`` keeps each kind's
+        declared one; ``eps``, unless ``None``, re-chooses the Gram relaxation of the kinds that
+        have a metric to relax (``metric_name`` not ``None``). Both ``None``: the declared
+        manifolds.
         """
-        if metric is None:
-            return [k.manifold for k in self.kinds]
-        return [k.manifold.with_metric(metric, eps=eps) for k in self.kinds]
+        out = []
+        for kind in self.kinds:
+            m = kind.manifold
+            chosen = m.metric_name if metric is None else metric
+            out.append(
+                m
+                if chosen is None or (metric is None and eps is None)
+                else m.with_metric(chosen, eps=eps)
+            )
+        return out
 
     def locate(self, kind: int, index: int, rows: tuple[int, int] | None = None) -> HeadLocation:
         """Block label, head, layer and parameter names of entry ``index`` of the points of

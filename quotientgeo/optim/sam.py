@@ -107,10 +107,7 @@ class GeodesicSAM(torch.optim.Optimizer):
         if not self.geometry.params:
             raise ValueError("the model has no trainable parameters (requires_grad=True)")
         if variant == "geodesic":
-            self.manifolds: list[QuotientManifold] = [
-                m if eps is None or m.metric_name is None else m.with_metric(m.metric_name, eps=eps)
-                for m in self.geometry.manifolds()
-            ]
+            self.manifolds: list[QuotientManifold] = self.geometry.manifolds(eps=eps)
             self.rest: QuotientManifold = self.geometry.rest_manifold()
         else:
             self.manifolds = []

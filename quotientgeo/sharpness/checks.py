@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
-from ..geometry import HALF, ParameterGeometry
+from ..geometry import ParameterGeometry
 
 Tensor = torch.Tensor
 
@@ -67,7 +67,7 @@ def check_batches(batches) -> None:
 def warn_if_resolution(per_batch: list[float], geometry: ParameterGeometry) -> None:
     """Warn when a half-precision model gives a value of exactly 0: below the loss's
     resolution rather than flat."""
-    half = sorted({str(p.dtype) for p in geometry.params.values() if p.dtype in HALF})
+    half = geometry.half_dtypes
     if half and all(v == 0.0 for v in per_batch):
         warnings.warn(
             f"sharpness is exactly 0 on a {', '.join(half)} model: the loss increase is likely "

@@ -92,7 +92,7 @@ class Objective:
         self.wrapper = _LossOf(model, loss_fn)
         points, w = geometry.gather()
         self.dtype, self.device = w.dtype, w.device
-        manifolds = [_relaxed(m, eps) for m in geometry.manifolds()]
+        manifolds = geometry.manifolds(eps=eps)
         self.diagnosis = Diagnosis(geometry, manifolds, points, w, "the model is restored")
         self.diagnosis.check_finite()  # NaN/Inf weights are named as such, not as rank deficient
 
@@ -205,11 +205,3 @@ class Objective:
             grads = torch.autograd.grad(loss.reshape(()), leaves, allow_unused=True)
         grads = [torch.zeros_like(c) if g is None else g for c, g in zip(cs, grads, strict=True)]
         return loss.detach().reshape(()).to(self.dtype), grads
-
-
-def _relaxed(manifold: QuotientManifold, eps: float | None) -> QuotientManifold:
-    """``manifold`` with the Gram relaxation ``eps`` where it has a metric to relax (and
-    ``eps`` is given)."""
-    if eps is None or manifold.metric_name is None:
-        return manifold
-    return manifold.with_metric(manifold.metric_name, eps=eps)
