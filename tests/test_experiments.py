@@ -169,13 +169,38 @@ def test_toy_riemannian_quantities_are_invariant(quick):
 def test_sam_quick_fields(quick):
     _, payload = quick("sam")
     methods = {"adamw", "sam", "asam", "geodesic_mix", "geodesic_inv"}
-    assert set(payload["test_accuracy"]) == methods
-    for values in payload["test_accuracy"].values():
-        assert len(values) == payload["seeds"] and all(0.0 <= v <= 1.0 for v in values)
+    noise = [f"{eta:g}" for eta in payload["noise"]]
+    assert set(payload["test_accuracy_by_noise"]) == set(noise) and len(noise) >= 2
+    for accs in payload["test_accuracy_by_noise"].values():
+        assert set(accs) == methods
+        for values in accs.values():
+            assert len(values) == payload["seeds"] and all(0.0 <= v <= 1.0 for v in values)
     ratios = payload["step_time_over_sam"]
     assert set(ratios) == methods and ratios["sam"] == 1.0
-    # ρ is chosen from each method's grid, on validation accuracies
-    for method, rho in payload["rho_chosen"].items():
-        assert rho in payload["rho_grid"][method]
-        best = max(payload["validation_accuracy"][method].values())
-        assert payload["validation_accuracy"][method][f"{rho:g}"] == best
+    # ρ is chosen per η from each method's grid, on the noisy validation accuracies
+    assert set(payload["rho_by_noise"]) == set(noise)
+    for eta, chosen in payload["rho_by_noise"].items():
+        assert set(chosen) == methods - {"adamw"}
+        for method, rho in chosen.items():
+            assert rho in payload["rho_grid"][method]
+            scores = payload["validation_accuracy_by_noise"][eta][method]
+            assert scores[f"{rho:g}"] == max(scores.values())
+    # the η = 0 entries keep their earlier names
+    clean = noise[0]
+    assert payload["test_accuracy"] == payload["test_accuracy_by_noise"][clean]
+    assert payload["rho_chosen"] == payload["rho_by_noise"][clean]
+    for eta in noise:
+        pairs = {(c["a"], c["b"]) for c in payload["comparisons"][eta]}
+        assert {("sam", "adamw"), ("asam", "adamw")} <= pairs
+
+
+def test_label_noise_flips_exactly_the_fraction_to_other_classes():
+    import torch
+
+    from quotientgeo.experiments.sam import with_label_noise
+
+    y = torch.arange(1000) % 10
+    for fraction in (0.0, 0.2, 0.4):
+        noisy = with_label_noise(y, fraction, torch.Generator().manual_seed(0))
+        assert int((noisy != y).sum()) == round(fraction * len(y))
+        assert noisy.min() >= 0 and noisy.max() <= 9
