@@ -262,7 +262,7 @@ def compare(a: str, b: str, test: dict[str, list[float]]) -> Comparison:
     xa, xb = test[a], test[b]
     difference = statistics.mean(xa) - statistics.mean(xb)
     se = math.sqrt(statistics.variance(xa) / len(xa) + statistics.variance(xb) / len(xb))
-    p = float(stats.ttest_ind(xa, xb, equal_var=False).pvalue) if se > 0 else float("nan")
+    p = float(stats.ttest_ind(xa, xb, equal_var=False)[1]) if se > 0 else float("nan")
     return Comparison(a, b, difference, se, difference > 2 * se, p)
 
 
