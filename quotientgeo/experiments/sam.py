@@ -27,7 +27,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -262,7 +262,8 @@ def compare(a: str, b: str, test: dict[str, list[float]]) -> Comparison:
     xa, xb = test[a], test[b]
     difference = statistics.mean(xa) - statistics.mean(xb)
     se = math.sqrt(statistics.variance(xa) / len(xa) + statistics.variance(xb) / len(xb))
-    p = float(stats.ttest_ind(xa, xb, equal_var=False)[1]) if se > 0 else float("nan")
+    _, p = cast("tuple[float, float]", stats.ttest_ind(xa, xb, equal_var=False))
+    p = float(p) if se > 0 else float("nan")
     return Comparison(a, b, difference, se, difference > 2 * se, p)
 
 
