@@ -262,8 +262,9 @@ def compare(a: str, b: str, test: dict[str, list[float]]) -> Comparison:
     xa, xb = test[a], test[b]
     difference = statistics.mean(xa) - statistics.mean(xb)
     se = math.sqrt(statistics.variance(xa) / len(xa) + statistics.variance(xb) / len(xb))
-    _, p = cast("tuple[float, float]", stats.ttest_ind(xa, xb, equal_var=False))
-    p = float(p) if se > 0 else float("nan")
+    p = float("nan")  # no spread: no test
+    if se > 0:
+        p = float(cast("tuple[float, float]", stats.ttest_ind(xa, xb, equal_var=False))[1])
     return Comparison(a, b, difference, se, difference > 2 * se, p)
 
 
