@@ -324,19 +324,33 @@ def test_christoffel_vs_geomstats(metric, eps):
 
 # --------------------------------------------------------------------------- geodesics
 @settings(max_examples=6)
-@given(case=gl_cases())
+@given(case=gl_cases(dtype=torch.float64))
 def test_expmap2_is_third_order(case):
-    """``|expmap2 − expmap|`` shrinks by ≈ 8 when ``t`` halves."""
+    """``|expmap2 − expmap|`` shrinks by ≈ 8 when ``t`` halves (at ``t = 0.1``, in float64).
+
+    The order is a property of the map, measured where round-off cannot blur it; float32 is
+    checked against float64 by the next test. (In float32 there is no ``t`` at which the
+    ratio is clean: at 0.2 the fourth-order term moves it to 12 for some 1×1 points, at 0.1
+    round-off moves it below 6.)
+    """
     m, x = case.manifold, case.x
     u = scaled(m, x, case.u, 1.0)
-    t = 0.1 if case.dtype == torch.float64 else 0.2
     errs = []
-    for s in (t, t / 2):
-        exact = m.expmap(x.double(), s * u.double(), steps=100)
-        approx = m.expmap2(x, s * u).double()
-        errs.append(torch.linalg.vector_norm(approx - exact, dim=(-2, -1)))
+    for s in (0.1, 0.05):
+        exact = m.expmap(x, s * u, steps=100)
+        errs.append(torch.linalg.vector_norm(m.expmap2(x, s * u) - exact, dim=(-2, -1)))
     ratio = errs[0] / errs[1]
     assert bool(((ratio > 6) & (ratio < 10)).all()), ratio
+
+
+@settings(max_examples=6)
+@given(case=gl_cases(dtype=torch.float32))
+def test_expmap2_float32_agrees_with_float64(case):
+    """The float32 map is the float64 map up to float32 round-off."""
+    m, x = case.manifold, case.x
+    u = scaled(m, x, case.u, 0.2)
+    expected = m.expmap2(x.double(), u.double())
+    assert rel_err(m.expmap2(x, u), expected) <= tol(torch.float32, 10)  # measured ≤ 0.7 eps
 
 
 @settings(max_examples=6)
