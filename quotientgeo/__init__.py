@@ -24,11 +24,13 @@ from .manifolds import (
     ScaleQuotient,
 )
 from .sharpness import (
+    FlatnessResult,
     Measure,
     SharpnessResult,
     adaptive_sharpness,
     average_sharpness,
     geodesic_sharpness,
+    relative_flatness,
 )
 
 __version__ = "0.2.0"
@@ -38,6 +40,7 @@ __all__ = [
     "AtPoint",
     "Calibration",
     "EuclideanGeometry",
+    "FlatnessResult",
     "GLInvQuotient",
     "GLMixQuotient",
     "GLQuotient",
@@ -60,4 +63,5 @@ __all__ = [
     "find_symmetries",
     "geodesic_sharpness",
     "optim",
+    "relative_flatness",
 ]

@@ -20,7 +20,9 @@ The package, one idea per module, data flowing down:
 - :mod:`.run`: the batch driver (checks in :mod:`.checks`, the model guard in :mod:`.state`);
 - :mod:`.cases`: worst case (Auto-PGD, :mod:`.apgd`) or average, per batch;
 - :mod:`.objective`: the loss of a batch as a function of ``ξ``;
-- :mod:`.ranks`: one class per ``torch.distributed`` mode; :mod:`.result`: records and result.
+- :mod:`.ranks`: one class per ``torch.distributed`` mode; :mod:`.result`: records and result;
+- :mod:`.flatness`: relative flatness (Petzka et al. 2021) of one linear layer, a Hessian
+  measure with its own function and result, no ball.
 
 The worst-case measures also report, per batch, the loss ``L_S(x + ξ*)`` at the first-order
 move (``retr`` on every block) of the worst perturbation ``ξ*`` found, and from it the
@@ -34,6 +36,7 @@ mode (no dropout, batch-norm running statistics).
 """
 
 from .cases import AverageCase, WorstCase
+from .flatness import FlatnessResult, relative_flatness
 from .functions import adaptive_sharpness, average_sharpness, geodesic_sharpness
 from .measure import Measure
 from .result import BatchRecord, SharpnessResult
@@ -41,10 +44,12 @@ from .result import BatchRecord, SharpnessResult
 __all__ = [
     "AverageCase",
     "BatchRecord",
+    "FlatnessResult",
     "Measure",
     "SharpnessResult",
     "WorstCase",
     "adaptive_sharpness",
     "average_sharpness",
     "geodesic_sharpness",
+    "relative_flatness",
 ]
