@@ -204,3 +204,29 @@ def test_label_noise_flips_exactly_the_fraction_to_other_classes():
         noisy = with_label_noise(y, fraction, torch.Generator().manual_seed(0))
         assert int((noisy != y).sum()) == round(fraction * len(y))
         assert noisy.min() >= 0 and noisy.max() <= 9
+
+
+def test_granulated_tau_averages_tau_within_groups_that_differ_in_one_axis():
+    """Ψ against a hand count on a 2×3 grid, and an axis whose groups are all constant."""
+    from scipy.stats import kendalltau
+
+    from quotientgeo.experiments._common import granulated_tau
+
+    members = [{"lr": lr, "wd": wd} for lr in (1, 2) for wd in (0, 1, 2)]
+    gaps = [0.1, 0.2, 0.3, 0.5, 0.4, 0.6]
+    values = [1.0, 3.0, 2.0, 4.0, 5.0, 6.0]
+    got = granulated_tau(values, gaps, members, ["lr", "wd"])
+    # "wd" varies within the two groups lr = 1 and lr = 2
+    tau_wd = (
+        kendalltau([1, 3, 2], [0.1, 0.2, 0.3])[0] + kendalltau([4, 5, 6], [0.5, 0.4, 0.6])[0]
+    ) / 2
+    # "lr" varies within the three pairs wd = 0, 1, 2: each pair is concordant
+    assert got["lr"] == pytest.approx(1.0)
+    assert got["wd"] == pytest.approx(tau_wd)
+    assert got["psi"] == pytest.approx((1.0 + tau_wd) / 2)
+    # a measure constant within every group has no τ on that axis
+    flat = granulated_tau([1.0, 1.0, 1.0, 2.0, 2.0, 2.0], gaps, members, ["wd"])
+    assert math.isnan(flat["wd"]) and math.isnan(flat["psi"])
+    # a seed key separates groups: with a different seed per member every group is a singleton
+    seeded = [{**m, "seed": i} for i, m in enumerate(members)]
+    assert math.isnan(granulated_tau(values, gaps, seeded, ["lr"])["lr"])

@@ -10,7 +10,7 @@ import os
 import platform
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,6 +22,7 @@ __all__ = [
     "add_common_arguments",
     "counter",
     "finite_or_none",
+    "granulated_tau",
     "kendall",
     "kendall_interval",
     "out_dir",
@@ -100,6 +101,34 @@ def kendall(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     # scipy's result is a (statistic, p-value) pair of floats that its annotations do not type
     statistic, pvalue = cast("tuple[float, float]", kendalltau(*finite_pairs(x, y)))
     return float(statistic), float(pvalue)
+
+
+def granulated_tau(
+    values: Sequence[float],
+    gaps: Sequence[float],
+    members: Sequence[Mapping[str, Hashable]],
+    axes: Sequence[str],
+) -> dict[str, float]:
+    """The granulated Kendall coefficient of Jiang et al. (ICLR 2020, "Fantastic
+    generalization measures"): per axis ``a``, the mean over groups of members that agree on
+    every other key of ``members`` (every other axis, and a seed if one is listed) of Kendall τ
+    between ``values`` and ``gaps`` within the group; ``Ψ`` (key ``"psi"``) is the mean over
+    ``axes``. Groups where τ is undefined (fewer than two finite pairs, or one side constant)
+    are left out; an axis with no defined group is NaN (and so is Ψ)."""
+    out: dict[str, float] = {}
+    for axis in axes:
+        groups: dict[tuple, list[int]] = {}
+        for i, member in enumerate(members):
+            rest = tuple(sorted((k, v) for k, v in member.items() if k != axis))
+            groups.setdefault(rest, []).append(i)
+        taus = []
+        for idx in groups.values():
+            x, y = finite_pairs([values[i] for i in idx], [gaps[i] for i in idx])
+            if len(x) >= 2 and len(set(x.tolist())) > 1 and len(set(y.tolist())) > 1:
+                taus.append(kendall(x.tolist(), y.tolist())[0])
+        out[axis] = sum(taus) / len(taus) if taus else math.nan
+    out["psi"] = sum(out[a] for a in axes) / len(axes) if axes else math.nan
+    return out
 
 
 def kendall_interval(
