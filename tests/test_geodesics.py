@@ -47,6 +47,47 @@ def test_inv_closed_form_equals_fine_rk4(case, size, horizontal):
     assert rel_err(w, w_ref) <= 1e-10
 
 
+def _killing_speed(F, Omega, B):
+    """``g_F(K, K)`` of the Killing field ``K(F) = ΩF + FB`` of the inv factor metric."""
+    K = Omega @ F + F @ B
+    return torch.linalg.solve(mT(F) @ F, mT(K) @ K).diagonal(dim1=-2, dim2=-1).sum(-1)
+
+
+@settings(max_examples=8)
+@given(
+    n=st.integers(1, 7),
+    h=st.integers(1, 4),
+    seed=st.integers(0, 2**31 - 1),
+    variant=st.sampled_from(["closed form", "B = Xᵀ", "no X − Xᵀ term"]),
+)
+def test_inv_orbit_is_geodesic_because_the_point_is_critical(n, h, seed, variant):
+    """The derivation in the docs: an orbit ``t ↦ expm(tΩ) F expm(tB)`` of isometries is a
+    geodesic iff ``F`` is a critical point of ``‖K‖²`` (``∇_K K = −½ grad g(K, K)`` for a
+    Killing field ``K``); the closed form's ``Ω`` and ``B = R⁻¹XᵀR`` make it one, and the
+    gradient vanishes. Two wrong subgroups do not (for ``h > 1``), so the check can fail."""
+    n = max(n, h)
+    g = gen(seed)
+    F = conditioned((), n, h, 3.0, g)
+    xi = torch.randn(n, h, generator=g, dtype=torch.float64)
+    Q, R = torch.linalg.qr(F)
+    W = xi @ torch.linalg.inv(R)
+    X = mT(Q) @ W
+    W_perp = W - Q @ X
+    skew = X - mT(X)
+    if variant == "no X − Xᵀ term":
+        skew = torch.zeros_like(X)
+    Omega = W_perp @ mT(Q) - Q @ mT(W_perp) + Q @ skew @ mT(Q)
+    B = mT(X) if variant == "B = Xᵀ" else torch.linalg.solve(R, mT(X) @ R)
+    point = F.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(_killing_speed(point, Omega, B), point)
+    scale = _killing_speed(F, Omega, B) / F.norm()
+    if variant == "closed form":
+        assert (Omega @ F + F @ B - xi).norm() <= 1e-12 * xi.norm()  # the initial velocity
+        assert grad.norm() <= 1e-12 * scale  # measured ≤ 1.2e-14
+    elif h > 1:  # for h = 1 the wrong subgroups are the right one
+        assert grad.norm() > 1e-3 * scale  # measured ≥ 0.02
+
+
 @settings(max_examples=8)
 @given(case=gl_cases(metric="inv"), size=sizes)
 def test_inv_closed_form_has_constant_speed_and_rescales_time(case, size):
