@@ -416,3 +416,23 @@ def test_errors():
         kappa(model, batches, "0", loss_fn=lambda m, b: m(b[0]))
     with pytest.raises(ValueError, match="does not depend on the weight of layer '0'"):
         kappa(model, batches, "0", loss_fn=lambda m, b: m[2].weight.sum())
+
+
+def test_relative_flatness_as_a_measure_value_equals_the_function():
+    """``Measure.relative_flatness(layer)`` evaluates to the function's value, has no radius
+    (``with_rho`` returns it unchanged) and records its settings."""
+    from quotientgeo import Measure
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3)).double()
+    batches = [(torch.randn(5, 4, dtype=torch.float64), torch.randint(0, 3, (5,)))]
+
+    def loss_fn(m, b):
+        return nn.functional.cross_entropy(m(b[0]), b[1])
+
+    row = Measure.relative_flatness("2")
+    assert row.with_rho(0.3) is row and row.name == "relative_flatness"
+    got = row.evaluate(model, loss_fn, batches, progress=False)
+    expected = relative_flatness(model, loss_fn, batches, layer="2", progress=False)
+    assert got.value == expected.value
+    assert row.settings() == {"measure": "relative_flatness", "layer": "2", "chunk_size": 64}

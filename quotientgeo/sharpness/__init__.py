@@ -36,7 +36,7 @@ mode (no dropout, batch-norm running statistics).
 """
 
 from .cases import AverageCase, WorstCase
-from .flatness import FlatnessResult, relative_flatness
+from .flatness import FlatnessResult, RelativeFlatness, relative_flatness
 from .functions import adaptive_sharpness, average_sharpness, geodesic_sharpness
 from .measure import Measure
 from .result import BatchRecord, SharpnessResult
@@ -46,6 +46,7 @@ __all__ = [
     "BatchRecord",
     "FlatnessResult",
     "Measure",
+    "RelativeFlatness",
     "SharpnessResult",
     "WorstCase",
     "adaptive_sharpness",

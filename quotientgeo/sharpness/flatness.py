@@ -38,7 +38,7 @@ from .state import model_state_preserved
 
 Tensor = torch.Tensor
 
-__all__ = ["FlatnessResult", "relative_flatness"]
+__all__ = ["FlatnessResult", "RelativeFlatness", "relative_flatness"]
 
 RESTORED = "the model is restored"
 
@@ -71,6 +71,45 @@ class FlatnessResult:
             f"FlatnessResult(value={self.value:.6g}, layer={self.settings.get('layer')!r}, "
             f"batches={len(self.per_batch)}, wall_time={self.wall_time:.3g}s)"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class RelativeFlatness:
+    """Relative flatness as a measure value: the same ``name`` and ``evaluate(model, loss_fn,
+    batches)`` entry point as :class:`~quotientgeo.Measure`, so a study's rows can mix the two
+    (build it with :meth:`Measure.relative_flatness <quotientgeo.Measure.relative_flatness>`).
+    It has no ball: no radius, map or case, and :meth:`with_rho` returns it unchanged.
+
+    Attributes:
+        layer: name of the feature ``nn.Linear`` in ``model.named_modules()``.
+        chunk_size: Hessian-vector products per backward pass.
+        name: what results and tables call it.
+    """
+
+    layer: str
+    chunk_size: int = 64
+    name: str = "relative_flatness"
+
+    def with_rho(self, rho: float) -> RelativeFlatness:
+        """Itself: relative flatness does not depend on a radius."""
+        return self
+
+    def evaluate(
+        self,
+        model: nn.Module,
+        loss_fn: Callable[[nn.Module, Any], Tensor],
+        batches: Iterable,
+        *,
+        progress: bool = True,
+    ) -> FlatnessResult:
+        """:func:`relative_flatness` of ``model``'s layer :attr:`layer`."""
+        return relative_flatness(
+            model, loss_fn, batches, layer=self.layer, chunk_size=self.chunk_size, progress=progress
+        )
+
+    def settings(self) -> dict[str, Any]:
+        """The fields as plain values."""
+        return {"measure": self.name, "layer": self.layer, "chunk_size": self.chunk_size}
 
 
 def relative_flatness(

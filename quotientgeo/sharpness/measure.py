@@ -28,6 +28,7 @@ from ..geometry import ParameterGeometry
 from ..options import Distributed, Norm, Perturbation, checked_metric, option
 from ..validation import integer, positive_real, real_in
 from .cases import AverageCase, WorstCase
+from .flatness import RelativeFlatness
 from .result import SharpnessResult
 from .run import run
 
@@ -159,6 +160,13 @@ class Measure:
             eps=eps,
             seed=seed,
         )
+
+    @staticmethod
+    def relative_flatness(layer: str, *, chunk_size: int = 64) -> RelativeFlatness:
+        """Relative flatness (Petzka et al. 2021) of the ``nn.Linear`` named ``layer``: a
+        measure without a ball, with the same ``evaluate`` entry point
+        (:class:`~quotientgeo.sharpness.flatness.RelativeFlatness`)."""
+        return RelativeFlatness(layer, chunk_size)
 
     def with_rho(self, rho: float) -> Measure:
         """This measure on a ball of radius ``rho``."""
