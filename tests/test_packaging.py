@@ -94,3 +94,29 @@ def test_project_urls():
 def test_typed():
     assert "Typing :: Typed" in (META.get_all("Classifier") or [])
     assert (Path(quotientgeo.__file__).parent / "py.typed").is_file()
+
+
+_IMPORT_PROBE = """
+import warnings
+import numpy, torch  # they add filters of their own on import
+before = list(warnings.filters)
+import quotientgeo, quotientgeo.optim, quotientgeo.cli
+assert warnings.filters == before, "importing quotientgeo changed the warning filters"
+warnings.warn("`torch.jit.script` is deprecated. Please switch", FutureWarning)
+"""
+
+
+def test_import_is_quiet_and_silences_only_geoopts_jit_warning():
+    """A fresh interpreter with every warning shown prints none on ``import quotientgeo``
+    (geoopt's ``torch.jit.script`` deprecation is silenced while geoopt is imported); quotientgeo's
+    import leaves the filters as they were, so the same warning raised afterwards is still shown."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-W", "default", "-c", _IMPORT_PROBE],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = [line for line in done.stderr.splitlines() if "Warning" in line]
+    assert len(lines) == 1 and "<string>" in lines[0], done.stderr

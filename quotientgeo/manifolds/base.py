@@ -39,11 +39,19 @@ import abc
 import functools
 import inspect
 import math
+import warnings
 from collections.abc import Callable, Hashable
 from typing import Any, ClassVar, Protocol, TypeVar, cast
 
 import torch
-from geoopt.manifolds.base import Manifold
+
+with warnings.catch_warnings():
+    # geoopt 0.5 decorates helpers with torch.jit.script, which torch now deprecates: silence
+    # that one warning while geoopt is imported, and no other (the filters are restored after)
+    warnings.filterwarnings(
+        "ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning
+    )
+    from geoopt.manifolds.base import Manifold
 
 from ..linalg import cholesky, conjugate_gradient, log_uniform
 from ..validation import is_real, positive_int, real_in
