@@ -297,3 +297,15 @@ def test_bfloat16_parameters_and_autocast():
     opt.step(closure)
     assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in model.parameters())
     assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_repr_shows_the_variant_radius_metric_map_and_base_optimizer():
+    torch.manual_seed(0)
+    model = TinyTransformerClassifier(d=16, heads=2, layers=1, classes=3)
+    text = repr(GeodesicSAM(model, torch.optim.AdamW, rho=0.02, metric="inv", lr=1e-3))
+    for part in ("variant='geodesic'", "rho=0.02", "metric='inv'", "perturbation='second_order'"):
+        assert part in text
+    assert "blocks=2" in text and "AdamW (" in text and "lr: 0.001" in text
+    text = repr(GeodesicSAM(model, torch.optim.SGD, rho=0.5, variant="asam", lr=0.1))
+    assert text.startswith("GeodesicSAM(variant='asam', rho=0.5, base_optimizer=SGD (")
+    assert "metric" not in text.split("base_optimizer")[0]

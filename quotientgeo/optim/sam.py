@@ -202,6 +202,20 @@ class GeodesicSAM(torch.optim.Optimizer):
         self.second_step()
         return loss
 
+    def __repr__(self) -> str:
+        """The variant, radius and (geodesic) metric, map and blocks, then the base optimizer."""
+        settings = [f"variant={self.variant!r}", f"rho={self.param_groups[0]['rho']:g}"]
+        if self.variant == "geodesic":
+            metrics = ", ".join(repr(m) for m in self.geometry.metrics) or "none"
+            settings += [
+                f"metric={metrics}",
+                f"perturbation={self.perturbation.value!r}",
+                f"blocks={len(self.geometry.blocks)}",
+            ]
+        return (
+            f"{type(self).__name__}({', '.join(settings)}, base_optimizer={self.base_optimizer!r})"
+        )
+
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
         return self.base_optimizer.state_dict()
