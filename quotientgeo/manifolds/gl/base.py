@@ -68,8 +68,11 @@ def blockwise(
     in; otherwise the two row blocks are separate (strided) products.
     """
     rows, h = u.shape[-2:]
-    extra = () if add is None else (add.shape[:-2],)
-    batch = torch.broadcast_shapes(u.shape[:-2], W_G.shape[:-2], W_H.shape[:-2], *extra)
+    shapes = [u.shape[:-2], W_G.shape[:-2], W_H.shape[:-2]]
+    if add is not None:
+        shapes.append(add.shape[:-2])
+    # equal batch shapes are the common case; broadcast_shapes costs more than the product
+    batch = shapes[0] if all(s == shapes[0] for s in shapes) else torch.broadcast_shapes(*shapes)
     u = u.expand(*batch, rows, h)
     W_G, W_H = W_G.expand(*batch, h, h), W_H.expand(*batch, h, h)
     square = rows == 2 * n
