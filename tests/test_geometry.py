@@ -630,3 +630,53 @@ def test_locate_without_a_layer_index():
     assert (loc.label, loc.head, loc.layer) == ("GL pair 0", 1, None)
     assert str(loc) == "GL pair 0, head 1"
     assert geometry.plan.rest_names == ("0.bias", "2.bias")
+
+
+def _flat_index_cases():
+    def partial():
+        torch.manual_seed(0)
+        geometry = ParameterGeometry(TwoLayer().to(DT))
+        geometry.add_gl_pair(
+            [Source("fc1.weight", rows=(0, 4)), Source("fc1.bias", rows=(0, 4))],
+            Source("fc2.weight", axis=1, cols=(0, 4)),
+            heads=4,
+        )
+        return geometry
+
+    return {
+        "encoder": lambda: find_symmetries(encoder(d=16, heads=4, layers=2)),
+        "bfloat16": lambda: find_symmetries(encoder(d=8, heads=2, layers=1).to(torch.bfloat16)),
+        "partial coverage": partial,
+        "grouped-query, q/k norm": lambda: find_symmetries(
+            ProjAttention(d=12, num_heads=4, kv_heads=2, qk_norm=True).to(DT)
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", list(_flat_index_cases()))
+def test_flat_index_gathers_and_assigns_like_the_geometry(case):
+    """``FlatIndex`` (gather as indexing into the flat parameters) reads the points and the
+    adaptive vector of :meth:`ParameterGeometry.gather` bit for bit, and writes random points
+    back exactly as :meth:`ParameterGeometry.assign_` does."""
+    from quotientgeo.geometry.transfer import FlatIndex
+
+    geometry = _flat_index_cases()[case]()
+    index = FlatIndex(geometry.plan, geometry.params, geometry.compute_dtype)
+    flat = index.flat(list(geometry.params.values()))
+    points, w = geometry.gather()
+    got, got_w = index.gather(flat)
+    assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(got, points, strict=True))
+    assert torch.equal(got_w, w)
+    g = torch.Generator().manual_seed(1)
+    new = [torch.randn(p.shape, generator=g, dtype=p.dtype) for p in points]
+    new_w = torch.randn(w.shape, generator=g, dtype=w.dtype)
+    before = {n: p.detach().clone() for n, p in geometry.params.items()}
+    geometry.assign_(new, new_w)
+    expected = {n: p.detach().clone() for n, p in geometry.params.items()}
+    with torch.no_grad():
+        for n, p in geometry.params.items():
+            p.copy_(before[n])
+    index.assign_(flat, new, new_w)
+    for n, p in geometry.params.items():
+        assert torch.equal(p, expected[n]), n
+        assert not torch.equal(p, before[n]), n

@@ -468,35 +468,37 @@ class Wide(nn.Module):
         return self.mlp(x)
 
 
+def declare_wide(model, stacked):
+    """A product over layers 1-2 of the MLP beside ordinary blocks (``stacked``: batched)."""
+    g = ParameterGeometry(model)
+    # layer 1 units 0..2 only: the other rows of fc1 stay adaptive or go to a scale block
+    g.add(
+        ReLUUnits(5),
+        [Source("mlp.fc1.weight", rows=(0, 3)), Source("mlp.fc1.bias", rows=(0, 3))],
+        Source("mlp.fc2.weight", axis=1, cols=(0, 3)),
+        label="layer 1 (3 units)",
+    )
+    g.add(
+        ReLUUnits(7),
+        ["mlp.fc2.weight", "mlp.fc2.bias"],
+        Source("mlp.fc3.weight", axis=1),
+        label="layer 2",
+        product=True,
+    )
+    if not stacked:
+        g.add(ScaleQuotient(2), Source("mlp.fc1.weight", rows=(3, 5)), label="rows 3-4")
+    g.add(ScaleQuotient(2), "side1.weight", label="side 1")
+    g.add(ScaleQuotient(2), "side2.weight", label="side 2")
+    return g
+
+
 def test_gather_and_scatter_reproduce_the_parameters():
     torch.manual_seed(0)
     model = Wide().to(DT)
     params = dict(model.named_parameters())
 
-    def declare(stacked):
-        g = ParameterGeometry(model)
-        # layer 1 units 0..2 only: the other rows of fc1 stay adaptive or go to a scale block
-        g.add(
-            ReLUUnits(5),
-            [Source("mlp.fc1.weight", rows=(0, 3)), Source("mlp.fc1.bias", rows=(0, 3))],
-            Source("mlp.fc2.weight", axis=1, cols=(0, 3)),
-            label="layer 1 (3 units)",
-        )
-        g.add(
-            ReLUUnits(7),
-            ["mlp.fc2.weight", "mlp.fc2.bias"],
-            Source("mlp.fc3.weight", axis=1),
-            label="layer 2",
-            product=True,
-        )
-        if not stacked:
-            g.add(ScaleQuotient(2), Source("mlp.fc1.weight", rows=(3, 5)), label="rows 3-4")
-        g.add(ScaleQuotient(2), "side1.weight", label="side 1")
-        g.add(ScaleQuotient(2), "side2.weight", label="side 2")
-        return g
-
     for stacked in (True, False):
-        geometry = declare(stacked)
+        geometry = declare_wide(model, stacked)
         assert (geometry.plan.stacks is not None) == stacked
         assert [k.batch for k in geometry.kinds] == [1] + [1] * (not stacked) + [2]
         product = geometry.kinds[0]
@@ -709,3 +711,27 @@ def test_the_docs_code_blocks_run():
     namespace: dict = {"__name__": "docs"}
     for block in blocks:
         exec(compile(block, str(DOCS), "exec"), namespace)
+
+
+def test_flat_index_reads_and_writes_products_like_the_geometry():
+    """Gather as indexing into the flat parameters (``FlatIndex``) holds for product points and
+    partly covered parameters, stacked or not (the other layouts: tests/test_geometry.py)."""
+    from quotientgeo.geometry.transfer import FlatIndex
+
+    torch.manual_seed(0)
+    model = Wide().to(DT)
+    for stacked in (True, False):
+        geometry = declare_wide(model, stacked)
+        index = FlatIndex(geometry.plan, geometry.params, geometry.compute_dtype)
+        flat = index.flat(list(geometry.params.values()))
+        points, w = geometry.gather()
+        got, got_w = index.gather(flat)
+        assert all(torch.equal(a, b) for a, b in zip(got, points, strict=True))
+        assert torch.equal(got_w, w)
+        before = {n: p.detach().clone() for n, p in geometry.params.items()}
+        index.assign_(flat, [x + 1.0 for x in points], w - 1.0)
+        expected = geometry.scatter([x + 1.0 for x in points], w - 1.0)
+        for n, p in geometry.params.items():
+            assert torch.equal(p, expected[n]), n
+            with torch.no_grad():
+                p.copy_(before[n])

@@ -32,6 +32,7 @@ from torch import nn
 
 from ..diagnosis import Diagnosis
 from ..geometry import ParameterGeometry
+from ..geometry.transfer import FlatIndex
 from ..linalg import tensor_sum
 from ..manifolds import AdaptiveGeometry, EuclideanGeometry, QuotientManifold
 from ..options import Perturbation, checked_metric, option
@@ -119,6 +120,7 @@ class GeodesicSAM(torch.optim.Optimizer):
         self.param_groups: list[dict[str, Any]] = self.base_optimizer.param_groups
         self.defaults.update(self.base_optimizer.defaults)
         self._origin: list[Tensor] | tuple[Tensor, ...] | None = None
+        self._flat_index: FlatIndex | None = None
 
     @staticmethod
     def _geometry(model, variant, symmetries, metric) -> ParameterGeometry:
@@ -131,6 +133,16 @@ class GeodesicSAM(torch.optim.Optimizer):
         raise TypeError(f"symmetries must be 'auto' or a ParameterGeometry, got {symmetries!r}")
 
     # ------------------------------------------------------------------ the two steps
+    def _index(self) -> FlatIndex:
+        """The geometry's gather as indexing into the flat parameters, built on first use (and
+        again if the parameters moved to another device)."""
+        params = self.geometry.params
+        first = next(iter(params.values()))
+        if self._flat_index is None or self._flat_index.index_w.device != first.device:
+            dtype = self.geometry.compute_dtype
+            self._flat_index = FlatIndex(self.geometry.plan, params, dtype)
+        return self._flat_index
+
     def _gradients(self) -> dict[str, Tensor]:
         """The parameters' gradients by name (zeros where ``.grad`` is ``None``)."""
         return {
@@ -148,8 +160,10 @@ class GeodesicSAM(torch.optim.Optimizer):
         if self._origin is not None:
             raise RuntimeError("first_step was called twice; call second_step in between")
         _average_gradients_(self.model, self.geometry.params.values())
-        points, w = self.geometry.gather()
-        grad_points, grad_w = self.geometry.gather(self._gradients())
+        index = self._index()
+        flat = index.flat(index.params)
+        points, w = index.gather(flat)
+        grad_points, grad_w = index.gather(index.flat(list(self._gradients().values())))
         # a failure at rank-deficient or non-finite weights names them; nothing is written yet
         diagnosis = Diagnosis(self.geometry, self.manifolds, points, w, "the weights are unchanged")
         with diagnosis.located():
@@ -167,7 +181,7 @@ class GeodesicSAM(torch.optim.Optimizer):
         params: list[Tensor] = list(self.geometry.params.values())
         # the weights as they are, one fused copy (torch's _foreach ops have no public names)
         self._origin = torch._foreach_mul(params, 1)  # pyright: ignore[reportPrivateImportUsage]
-        self.geometry.assign_(moved[:-1], moved[-1])
+        index.assign_(flat, moved[:-1], moved[-1])
         if zero_grad:
             self.zero_grad()
 
