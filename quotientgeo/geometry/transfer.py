@@ -202,7 +202,7 @@ class FlatIndex:
 
     def gather(self, flat: Tensor) -> tuple[list[Tensor], Tensor]:
         """``(points, w)`` of :func:`gather` read from ``flat``."""
-        return [flat[i] for i in self.index], flat[self.index_w]
+        return [flat.take(i) for i in self.index], flat.take(self.index_w)
 
     @torch.no_grad()
     def assign_(self, flat: Tensor, points: Sequence[Tensor], w: Tensor) -> None:
@@ -210,8 +210,8 @@ class FlatIndex:
         keep their values in ``flat``."""
         new = flat.clone()
         for i, point in zip(self.index, points, strict=True):
-            new[i] = point
-        new[self.index_w] = w
+            new.put_(i, point)
+        new.put_(self.index_w, w)
         views = [v.view_as(p) for v, p in zip(new.split(self.sizes), self.params, strict=True)]
         # one fused copy, casting to each parameter's dtype (torch's _foreach ops have no
         # public names)
