@@ -194,6 +194,17 @@ def test_sam_quick_fields(quick):
         assert {("sam", "adamw"), ("asam", "adamw")} <= pairs
 
 
+def test_sam_study_does_not_depend_on_the_number_of_workers(quick, tmp_path):
+    """Two local processes train the same runs as one: the ranks train different models, so
+    no gradient may cross between them (GeodesicSAM averages gradients only when asked)."""
+    _, one = quick("sam")
+    argv = ["reproduce", "sam", "--quick", "--no-progress", "--workers", "2", "--out"]
+    assert main([*argv, str(tmp_path)]) == 0
+    two = json.loads((tmp_path / "sam.json").read_text())
+    assert two["validation_accuracy_by_noise"] == one["validation_accuracy_by_noise"]
+    assert two["test_accuracy_by_noise"] == one["test_accuracy_by_noise"]
+
+
 def test_label_noise_flips_exactly_the_fraction_to_other_classes():
     import torch
 

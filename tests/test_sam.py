@@ -234,12 +234,12 @@ def test_bad_input():
         opt.step()
 
 
-def _rank(rank: int, world: int, init: str, out: str) -> None:
+def _rank(rank: int, world: int, init: str, out: str, average: bool) -> None:
     torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         model, _ = problem()
         batch = problem(seed=10 + rank)[1]  # each rank its own batch
-        opt = GeodesicSAM(model, torch.optim.SGD, rho=0.1, lr=0.5)
+        opt = GeodesicSAM(model, torch.optim.SGD, rho=0.1, lr=0.5, average_gradients=average)
         opt.step(lambda: cross_entropy(model, batch).backward())
         if rank == 0:
             torch.save({n: p.detach() for n, p in model.named_parameters()}, out)
@@ -247,17 +247,20 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
         torch.distributed.destroy_process_group()
 
 
-def test_gradients_are_averaged_over_ranks(tmp_path):
-    """Two gloo processes with one batch each step like one process on the mean loss."""
+@pytest.mark.parametrize("average", [True, False])
+def test_gradients_are_averaged_over_ranks_only_when_asked(tmp_path, average):
+    """Two gloo processes with one batch each: with ``average_gradients=True`` they step like
+    one process on the mean loss; by default each rank steps on its own gradient, like one
+    process on its own batch (ranks may train different models)."""
     out = tmp_path / "rank0.pt"
     init = f"file://{tmp_path / 'store'}"
-    torch.multiprocessing.spawn(_rank, args=(2, init, str(out)), nprocs=2, join=True)
+    torch.multiprocessing.spawn(_rank, args=(2, init, str(out), average), nprocs=2, join=True)
     model, _ = problem()
-    batches = [problem(seed=10 + r)[1] for r in range(2)]
+    batches = [problem(seed=10 + r)[1] for r in range(2 if average else 1)]
     opt = GeodesicSAM(model, torch.optim.SGD, rho=0.1, lr=0.5)
 
     def mean_loss():
-        loss = sum(cross_entropy(model, b) for b in batches) / 2
+        loss = sum(cross_entropy(model, b) for b in batches) / len(batches)
         loss.backward()
         return loss
 

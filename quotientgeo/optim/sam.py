@@ -70,14 +70,18 @@ class GeodesicSAM(torch.optim.Optimizer):
         symmetries: ``"auto"`` (:func:`~quotientgeo.find_symmetries`) or a
             :class:`~quotientgeo.ParameterGeometry` of ``model`` (``"geodesic"`` only).
         eps: Gram relaxation of the GL metrics (``None``: the declared one).
+        average_gradients: average ``.grad`` over the ranks of an initialised
+            ``torch.distributed`` process group before each of the two steps (one all-reduce
+            of a flat buffer), for data parallelism without ``DistributedDataParallel``. Off
+            by default: like every PyTorch optimizer, the steps use ``.grad`` as it is, which
+            is right under ``DistributedDataParallel`` (it averages in ``backward``) and when
+            the ranks train different models.
 
     ``param_groups`` are the base optimizer's (so learning-rate schedulers built on either
     object act on both), ``state_dict()``/``load_state_dict()`` are the base optimizer's.
     Between the two steps the original weights are kept: one copy of the trainable parameters
     (in their own dtypes), no copy of the model; the geometry's points and their cache are
-    built once per step. With ``torch.distributed`` initialised and a model that is not
-    wrapped in ``DistributedDataParallel`` (which averages gradients itself), gradients are
-    averaged over ranks before each of the two steps.
+    built once per step.
     """
 
     def __init__(
@@ -91,6 +95,7 @@ class GeodesicSAM(torch.optim.Optimizer):
         perturbation: str = "second_order",
         symmetries: str | ParameterGeometry = "auto",
         eps: float | None = None,
+        average_gradients: bool = False,
         **kwargs: Any,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -104,6 +109,7 @@ class GeodesicSAM(torch.optim.Optimizer):
             raise TypeError("base_optimizer must be an optimizer class, e.g. torch.optim.AdamW")
         self.model = model
         self.variant = variant
+        self.average_gradients = bool(average_gradients)
         self.geometry: ParameterGeometry = self._geometry(model, variant, symmetries, metric)
         if not self.geometry.params:
             raise ValueError("the model has no trainable parameters (requires_grad=True)")
@@ -159,7 +165,8 @@ class GeodesicSAM(torch.optim.Optimizer):
         are then unchanged."""
         if self._origin is not None:
             raise RuntimeError("first_step was called twice; call second_step in between")
-        _average_gradients_(self.model, self.geometry.params.values())
+        if self.average_gradients:
+            _average_gradients_(self.model, self.geometry.params.values())
         index = self._index()
         flat = index.flat(index.params)
         points, w = index.gather(flat)
@@ -194,7 +201,8 @@ class GeodesicSAM(torch.optim.Optimizer):
         params: list[Tensor] = list(self.geometry.params.values())
         torch._foreach_copy_(params, self._origin)  # pyright: ignore[reportPrivateImportUsage]
         self._origin = None
-        _average_gradients_(self.model, self.geometry.params.values())
+        if self.average_gradients:
+            _average_gradients_(self.model, self.geometry.params.values())
         self.base_optimizer.step()
         if zero_grad:
             self.zero_grad()
