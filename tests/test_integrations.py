@@ -158,6 +158,37 @@ def test_sam_variant_equals_the_hand_written_loop(tmp_path):
     assert_same(params_of(model), reference)
 
 
+def test_bf16_autocast_runs_both_passes(tmp_path):
+    """bf16 mixed precision (accelerate's autocast around the forward): the float32 weights
+    take the hand-written loop's steps with both passes under ``torch.autocast``, bit for bit."""
+    torch.manual_seed(0)
+    model, data = bert(), samples(8)  # float32 weights
+    reference = copy.deepcopy(model)
+    opt = GeodesicSAM(reference, torch.optim.AdamW, lr=LR, weight_decay=0.0, **SAM)
+    schedule = get_linear_schedule_with_warmup(opt.base_optimizer, 0, 2)
+    reference.train()
+    for i in (0, 4):
+        b = collate(data[i : i + 4])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = reference(**b).loss
+        loss.backward()
+        opt.first_step(zero_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = reference(**b).loss
+        loss.backward()
+        opt.restore()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), CLIP)
+        opt.base_optimizer.step()
+        schedule.step()
+        opt.zero_grad()
+    args = arguments(tmp_path, steps=2, batch=4, bf16=True)
+    trainer = SAMTrainer(model=model, args=args, train_dataset=data, sam=SAM)
+    trainer.train()
+    assert trainer.accelerator.mixed_precision == "bf16"
+    assert next(model.parameters()).dtype == torch.float32
+    assert_same(params_of(model), params_of(reference))
+
+
 def test_gradient_accumulation_perturbs_with_the_accumulated_gradient(tmp_path):
     """k micro-batches: the hand-written step from the accumulated gradient (bit for bit), the
     step of one batch of k·b samples (to rounding), not k per-micro-batch perturbations."""
@@ -210,6 +241,60 @@ def test_gradient_accumulation_perturbs_with_the_accumulated_gradient(tmp_path):
         opt.zero_grad()
     differs = params_of(per_micro)
     assert max((differs[n] - accumulated[n]).abs().max().item() for n in differs) > 1e-8
+
+
+def _ddp_worker(rank: int, port: int, out: str) -> None:
+    """One rank of a 2-process gloo run of SAMTrainer (the environment torchrun would set)."""
+    import os
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD),
+    )  # fmt: skip
+    torch.set_num_threads(1)
+    from pathlib import Path
+
+    model = model_of("bert")
+    args = arguments(Path(out) / f"rank{rank}", 2, 4, average_tokens_across_devices=False)
+    trainer = SAMTrainer(model=model, args=args, train_dataset=samples(16), sam=SAM)
+    trainer.train()
+    wrapped = type(trainer.model_wrapped).__name__
+    torch.save({"params": params_of(model), "wrapped": wrapped}, f"{out}/rank{rank}.pt")
+
+
+WORLD = 2
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+def test_ddp_takes_the_step_of_the_global_batch(tmp_path):
+    """2 ranks of 4 samples each: every rank holds the same weights, those of one process on
+    batches of 8 (to rounding: DDP averages the two ranks' mean gradients), so the
+    perturbation came from the global gradient."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = torch.multiprocessing.spawn(
+        _ddp_worker, args=(port, str(tmp_path)), nprocs=WORLD, join=False
+    )
+    for _ in range(240):  # bounded: a hang fails the test
+        if ctx.join(timeout=0.5):
+            break
+    else:
+        for p in ctx.processes:
+            p.kill()
+        pytest.fail("the 2-process SAMTrainer run did not finish in 120 s")
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    assert [r["wrapped"] for r in ranks] == ["DistributedDataParallel"] * WORLD
+    assert_same(ranks[0]["params"], ranks[1]["params"])
+
+    model = model_of("bert")
+    SAMTrainer(
+        model=model, args=arguments(tmp_path / "one", 2, 8), train_dataset=samples(16), sam=SAM
+    ).train()
+    for name, p in params_of(model).items():
+        torch.testing.assert_close(ranks[0]["params"][name], p, rtol=1e-10, atol=1e-12, msg=name)
 
 
 def test_weight_decay_groups_are_the_trainers(tmp_path):
@@ -302,10 +387,14 @@ def test_callback_logs_direct_values_and_leaves_training_unchanged(kind, trainer
 
 def test_callback_must_log_to_its_own_trainer(tmp_path):
     data = samples(4)
-    first = Trainer(model=model_of("bert"), args=arguments(tmp_path / "a", 1, 4), train_dataset=data)
-    second = Trainer(model=model_of("bert"), args=arguments(tmp_path / "b", 1, 4), train_dataset=data)
+    first = Trainer(
+        model=model_of("bert"), args=arguments(tmp_path / "a", 1, 4), train_dataset=data
+    )
+    second = Trainer(
+        model=model_of("bert"), args=arguments(tmp_path / "b", 1, 4), train_dataset=data
+    )
     second.add_callback(SharpnessCallback(first, MEASURES["adaptive"], [collate(data)], every=1))
-    with pytest.raises(RuntimeError, match="trainer.add_callback"):
+    with pytest.raises(RuntimeError, match=r"trainer\.add_callback"):
         second.train()
 
 
@@ -337,9 +426,7 @@ def test_tracker_in_a_plain_loop(family):
     tracked, _ = train(tracker)
     untracked, direct = train(None)
     assert_same(tracked, untracked)
-    assert [(t.step, t.value) for t in tracker.history] == list(direct.items()) == [
-        (2, direct[2])
-    ]
+    assert [(t.step, t.value) for t in tracker.history] == list(direct.items()) == [(2, direct[2])]
     assert tracker.name == "sharpness/geodesic"
 
 
