@@ -189,6 +189,37 @@ def test_bf16_autocast_runs_both_passes(tmp_path):
     assert_same(params_of(model), params_of(reference))
 
 
+@pytest.mark.parametrize(("factor", "first_steps"), [(1.0, 2), (1e3, 0)])
+def test_fp16_overflow_skips_the_step_with_the_weights_restored(factor, first_steps, tmp_path):
+    """An overflow under a loss scaler: the scaler skips the step and halves its scale, the
+    weights stay as they were. With the loss as it is, the float32 gradients at ``w`` are
+    finite (max about 2.8e37 at scale 2^127) and only the second pass overflows: first_step
+    runs and the weights are put back. With the loss times 1e3 the gradient at ``w`` overflows:
+    no first_step and no second pass. (``accelerate`` makes a GradScaler for fp16 on GPUs
+    only; here one is put in by hand.)"""
+    torch.manual_seed(0)
+    model, data = bert(), samples(8)  # float32
+    start = params_of(model)
+
+    def loss(outputs, labels, num_items_in_batch=None):
+        return factor * torch.nn.functional.cross_entropy(outputs.logits, labels)
+
+    trainer = SAMTrainer(
+        model=model, args=arguments(tmp_path, 2, 4), train_dataset=data, sam=SAM,
+        compute_loss_func=loss,
+    )  # fmt: skip
+    trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127)
+    trainer.create_optimizer()
+    sam = trainer.sam_optimizer
+    calls = []
+    first_step = sam.first_step
+    sam.first_step = lambda *a, **k: calls.append(1) or first_step(*a, **k)
+    trainer.train()
+    assert len(calls) == first_steps
+    assert trainer.accelerator.scaler.get_scale() == 2.0**125  # halved at each skipped step
+    assert_same(params_of(model), start)
+
+
 def test_gradient_accumulation_perturbs_with_the_accumulated_gradient(tmp_path):
     """k micro-batches: the hand-written step from the accumulated gradient (bit for bit), the
     step of one batch of k·b samples (to rounding), not k per-micro-batch perturbations."""
@@ -255,8 +286,9 @@ def _ddp_worker(rank: int, port: int, out: str) -> None:
     from pathlib import Path
 
     model = model_of("bert")
-    args = arguments(Path(out) / f"rank{rank}", 2, 4, average_tokens_across_devices=False)
+    args = arguments(Path(out) / f"rank{rank}", 2, 2, 2, average_tokens_across_devices=False)
     trainer = SAMTrainer(model=model, args=args, train_dataset=samples(16), sam=SAM)
+    trainer.loss_is_scaled_for_ga = False  # each micro-batch mean divided by k (see above)
     trainer.train()
     wrapped = type(trainer.model_wrapped).__name__
     torch.save({"params": params_of(model), "wrapped": wrapped}, f"{out}/rank{rank}.pt")
@@ -267,9 +299,9 @@ WORLD = 2
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
 def test_ddp_takes_the_step_of_the_global_batch(tmp_path):
-    """2 ranks of 4 samples each: every rank holds the same weights, those of one process on
-    batches of 8 (to rounding: DDP averages the two ranks' mean gradients), so the
-    perturbation came from the global gradient."""
+    """2 ranks, each accumulating 2 micro-batches of 2 samples: every rank holds the same
+    weights, those of one process on batches of 8 (to rounding: DDP averages the ranks'
+    accumulated gradients), so the perturbation came from the global gradient."""
     import socket
 
     with socket.socket() as s:

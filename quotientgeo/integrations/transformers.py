@@ -154,6 +154,8 @@ class SAMTrainer(Trainer):
         optimizer = super().create_optimizer(model)
         base = getattr(optimizer, "optimizer", optimizer)  # under accelerate's wrapper
         if self.sam_optimizer is None or self.sam_optimizer.base_optimizer is not base:
+            if not isinstance(self.model, nn.Module):
+                raise RuntimeError("SAMTrainer.create_optimizer needs the trainer's model")
             self.sam_optimizer = GeodesicSAM(self.model, _prebuilt(base), **self.sam_arguments)
         return optimizer
 
@@ -242,7 +244,10 @@ class SharpnessCallback(TrainerCallback):
             measure, model_loss if loss_fn is None else loss_fn, batches, every=every, name=name
         )
 
-    def _log(self, model: nn.Module, step: int) -> None:
+    def _log(self, model: nn.Module | None, step: int) -> None:
+        model = self.trainer.model if model is None else model
+        if not isinstance(model, nn.Module):
+            raise RuntimeError("SharpnessCallback found no model to measure")
         if self not in self.trainer.callback_handler.callbacks:
             raise RuntimeError(
                 "this SharpnessCallback runs in a Trainer other than the one it logs to: add it "
@@ -253,7 +258,7 @@ class SharpnessCallback(TrainerCallback):
             self.trainer.log({self.tracker.name: tracked.value})
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self._log(model if model is not None else self.trainer.model, state.global_step)
+        self._log(model, state.global_step)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        self._log(model if model is not None else self.trainer.model, state.global_step)
+        self._log(model, state.global_step)
