@@ -122,8 +122,9 @@ class SAMTrainer(Trainer):
     So gradient accumulation is exact: ``k`` micro-batches of size ``b`` take the step of one
     batch of size ``k·b`` (the perturbation comes from the accumulated gradient, not one per
     micro-batch), at two forward-backward passes per micro-batch; the ``k`` micro-batches are
-    the ones the Trainer already holds for the step. The logged ``loss`` is the loss at ``w``.
-    Callbacks (``on_step_end``, ``on_log``, ...) always see ``w``.
+    the ones the Trainer already holds for the step. The logged ``loss`` is the loss at ``w``;
+    ``total_flos`` counts the first pass only. Callbacks (``on_step_end``, ``on_log``, ...)
+    always see ``w``.
 
     **Clipping** acts on ``∇L(w̃)``, the gradient the optimizer uses; the perturbation is
     normalised, so clipping the first gradient would not change it. **The LR scheduler**
@@ -152,6 +153,7 @@ class SAMTrainer(Trainer):
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
         """The Trainer's optimizer, wrapped in :attr:`sam_optimizer` (class docstring)."""
         optimizer = super().create_optimizer(model)
+        self._window = []  # a step cut short by an interrupted train() is not continued
         base = getattr(optimizer, "optimizer", optimizer)  # under accelerate's wrapper
         if self.sam_optimizer is None or self.sam_optimizer.base_optimizer is not base:
             if not isinstance(self.model, nn.Module):
