@@ -478,3 +478,29 @@ def test_quotientgeo_does_not_import_transformers():
     code = "import sys, quotientgeo; print('transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_tracker_takes_relative_flatness():
+    model, data = model_of("bert"), samples(8)
+    batches = [collate(data[:4]), collate(data[4:])]
+    flatness = Measure.relative_flatness("classifier")
+    tracker = SharpnessTracker(flatness, model_loss, batches, every=3)
+    assert tracker(model, 1) is None
+    tracked = tracker(model, 3)
+    assert tracked is not None and tracker.name == "sharpness/relative_flatness"
+    assert tracked.value == flatness.evaluate(model, model_loss, batches, progress=False).value
+
+
+def test_restore_puts_the_weights_back_bit_exactly():
+    model, data = model_of("gpt2"), samples(4)
+    opt = GeodesicSAM(model, torch.optim.AdamW, lr=LR, **SAM)
+    with pytest.raises(RuntimeError, match="restore needs a first_step"):
+        opt.restore()
+    before = params_of(model)
+    model(**collate(data)).loss.backward()
+    opt.first_step(zero_grad=True)
+    assert any(not torch.equal(p, before[n]) for n, p in params_of(model).items())
+    opt.restore()
+    assert_same(params_of(model), before)
+    with pytest.raises(RuntimeError, match="second_step needs a first_step"):
+        opt.second_step()
