@@ -59,6 +59,7 @@ def test_code_blocks_run(page, tmp_path, monkeypatch):
 
 def public_names() -> set[str]:
     import quotientgeo.geometry
+    import quotientgeo.integrations.transformers
     import quotientgeo.manifolds
     import quotientgeo.optim
     import quotientgeo.testing
@@ -66,6 +67,7 @@ def public_names() -> set[str]:
     names = {f"quotientgeo.{n}" for n in quotientgeo.__all__ if n not in ("optim", "__version__")}
     for module in (
         quotientgeo.geometry,
+        quotientgeo.integrations.transformers,
         quotientgeo.manifolds,
         quotientgeo.optim,
         quotientgeo.testing,

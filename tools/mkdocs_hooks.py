@@ -51,6 +51,13 @@ def _public_objects() -> dict[str, object]:
     public = {}
     for module in (*modules, quotientgeo.options, quotientgeo.sharpness, quotientgeo.testing):
         public.update({name: getattr(module, name) for name in module.__all__})
+    # the optional integration (transformers comes with the test extra): without it, references
+    # to its names fail the strict build
+    try:
+        import quotientgeo.integrations.transformers as hf
+    except ImportError:
+        return public
+    public.update({name: getattr(hf, name) for name in hf.__all__})
     return public
 
 

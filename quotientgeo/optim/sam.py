@@ -198,14 +198,24 @@ class GeodesicSAM(torch.optim.Optimizer):
         gradients now in ``.grad`` (taken at the perturbed point)."""
         if self._origin is None:
             raise RuntimeError("second_step needs a first_step before it")
-        params: list[Tensor] = list(self.geometry.params.values())
-        torch._foreach_copy_(params, self._origin)  # pyright: ignore[reportPrivateImportUsage]
-        self._origin = None
+        self.restore()
         if self.average_gradients:
             _average_gradients_(self.model, self.geometry.params.values())
         self.base_optimizer.step()
         if zero_grad:
             self.zero_grad()
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        """Put back, bit-exactly, the weights that :meth:`first_step` moved, and step nothing
+        (:meth:`second_step` is ``restore()`` and the base optimizer's step). For training
+        loops that step the base optimizer themselves, e.g.
+        :class:`~quotientgeo.integrations.transformers.SAMTrainer`."""
+        if self._origin is None:
+            raise RuntimeError("restore needs a first_step before it")
+        params: list[Tensor] = list(self.geometry.params.values())
+        torch._foreach_copy_(params, self._origin)  # pyright: ignore[reportPrivateImportUsage]
+        self._origin = None
 
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor:
         """``loss = closure()``, :meth:`first_step`, ``closure()``, :meth:`second_step`; returns

@@ -22,7 +22,8 @@ The package, one idea per module, data flowing down:
 - :mod:`.objective`: the loss of a batch as a function of ``ξ``;
 - :mod:`.ranks`: one class per ``torch.distributed`` mode; :mod:`.result`: records and result;
 - :mod:`.flatness`: relative flatness (Petzka et al. 2021) of one linear layer, a Hessian
-  measure with its own function and result, no ball.
+  measure with its own function and result, no ball;
+- :mod:`.tracking`: a measure evaluated every ``N`` steps of a training loop.
 
 The worst-case measures also report, per batch, the loss ``L_S(x + ξ*)`` at the first-order
 move (``retr`` on every block) of the worst perturbation ``ξ*`` found, and from it the
@@ -40,6 +41,7 @@ from .flatness import FlatnessResult, RelativeFlatness, relative_flatness
 from .functions import adaptive_sharpness, average_sharpness, geodesic_sharpness
 from .measure import Measure
 from .result import BatchRecord, SharpnessResult
+from .tracking import SharpnessTracker, TrackedSharpness
 
 __all__ = [
     "AverageCase",
@@ -48,6 +50,8 @@ __all__ = [
     "Measure",
     "RelativeFlatness",
     "SharpnessResult",
+    "SharpnessTracker",
+    "TrackedSharpness",
     "WorstCase",
     "adaptive_sharpness",
     "average_sharpness",
