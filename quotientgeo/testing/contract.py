@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from ..manifolds.base import GenericPath, QuotientManifold
+from ..manifolds.base import QuotientManifold
+from ..manifolds.quotient import GenericPath
 
 Tensor = torch.Tensor
 

@@ -20,15 +20,11 @@ import torch
 
 from ...linalg import cholesky, cholesky_inverse, conditioned_matrix, gram, mT
 from ...validation import positive_int, real_in
-from ..base import (
-    DEFAULT_CONDITION,
-    AtPoint,
-    GroupAction,
-    MetricVariants,
-    QuotientManifold,
-    check_condition,
-)
+from ..base import AtPoint, QuotientManifold
+from ..groups import DEFAULT_CONDITION, check_condition
 from ..ode import rk4
+from ..quotient import GroupAction
+from ..variants import MetricVariants
 
 Tensor = torch.Tensor
 
@@ -108,7 +104,7 @@ class GLTotalSpace(MetricVariants, QuotientManifold, variants=True):
     ``"inv"`` ``(P⁻¹, Q⁻¹)`` (:class:`~.inv.InvTotalSpace`), ``"mix"`` ``(Q, P)``
     (:class:`~.mix.MixTotalSpace`), ``s ∈ [0, 1]`` ``(1-s)·inv + s·mix``
     (:class:`~.interpolated.InterpolatedTotalSpace`); ``GLTotalSpace(n, metric)`` returns an
-    instance of the metric's class (:class:`~quotientgeo.manifolds.base.MetricVariants`).
+    instance of the metric's class (:class:`~quotientgeo.manifolds.variants.MetricVariants`).
 
     This class holds everything that does not depend on the group: the layout (``split``,
     ``join``, shape and rank checks), the cached ``P``, ``Q``, their Cholesky factors and
@@ -482,7 +478,7 @@ class GLQuotient(GroupAction, GLTotalSpace, variants=True):
     ==================  ======================================  ===========================
 
     ``GLQuotient(n, metric)`` returns an instance of the class of ``metric`` (as geoopt's
-    ``Stiefel(canonical=...)`` does; :class:`~quotientgeo.manifolds.base.MetricVariants`).
+    ``Stiefel(canonical=...)`` does; :class:`~quotientgeo.manifolds.variants.MetricVariants`).
     ``<η, ζ> = tr(W_G η_Gᵀ ζ_G) + tr(W_H η_Hᵀ ζ_H)``.
 
     ``eps > 0`` is the relaxation of the paper's Appendix H.2 for (nearly) rank-deficient
