@@ -5,7 +5,8 @@
 classes when imported, here.
 """
 
-from .base import GLGroup, GLQuotient, GLTotalSpace
+from .base import GLQuotient, GLTotalSpace
+from .group import GLGroup
 from .interpolated import InterpolatedGLQuotient, InterpolatedTotalSpace
 from .inv import GLInvQuotient, InvTotalSpace
 from .mix import GLMixQuotient, MixTotalSpace

@@ -21,7 +21,8 @@ from ..base import AtPoint
 from ..groups import DEFAULT_CONDITION, check_condition
 from ..quotient import Quotient
 from ..variants import DEFAULT_METRIC
-from .base import GLGroup, GLQuotient
+from .base import GLQuotient
+from .group import GLGroup
 
 Tensor = torch.Tensor
 
