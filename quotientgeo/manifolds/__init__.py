@@ -1,17 +1,7 @@
 """Quotient manifolds: the generic base and the shipped symmetries."""
 
 from .adaptive import AdaptiveGeometry
-from .base import (
-    DEFAULT_CONDITION,
-    DEFAULT_METRIC,
-    AtPoint,
-    GenericPath,
-    Group,
-    GroupAction,
-    MetricVariants,
-    Quotient,
-    QuotientManifold,
-)
+from .base import AtPoint, QuotientManifold
 from .euclidean import EuclideanGeometry
 from .gl import (
     GLGroup,
@@ -26,9 +16,12 @@ from .gl import (
     RotaryGLQuotient,
     RotaryGroup,
 )
+from .groups import DEFAULT_CONDITION, Group
 from .product import ProductQuotient
+from .quotient import GenericPath, GroupAction, Quotient
 from .rescale import RescaleInvQuotient, RescaleMixQuotient, RescaleQuotient
 from .scale import ScaleQuotient
+from .variants import DEFAULT_METRIC, MetricVariants
 
 __all__ = [
     "DEFAULT_CONDITION",

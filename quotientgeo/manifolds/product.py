@@ -48,7 +48,8 @@ import torch
 import torch.nn.functional as F
 
 from ..validation import positive_int
-from .base import DEFAULT_CONDITION, AtPoint, QuotientManifold, random_element
+from .base import AtPoint, QuotientManifold
+from .groups import DEFAULT_CONDITION, random_element
 
 Tensor = torch.Tensor
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import AtPoint, MetricVariants, QuotientManifold
+from .base import AtPoint, QuotientManifold
+from .variants import MetricVariants
 
 Tensor = torch.Tensor
 
@@ -21,7 +22,8 @@ class RescaleQuotient(MetricVariants, QuotientManifold, variants=True):
     Both metrics are diagonal, :math:`M(x) u = u ⊙ m(x)`, so the isotropic map is
     :math:`e / \sqrt{m(x)}`.
     ``RescaleQuotient(metric)`` returns :class:`RescaleMixQuotient` (``"mix"``, default) or
-    :class:`RescaleInvQuotient` (``"inv"``) (:class:`~quotientgeo.manifolds.base.MetricVariants`).
+    :class:`RescaleInvQuotient` (``"inv"``)
+    (:class:`~quotientgeo.manifolds.variants.MetricVariants`).
     """
 
     closed_form_geodesic = True

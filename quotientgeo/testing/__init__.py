@@ -10,9 +10,10 @@
 
 from __future__ import annotations
 
-from .contract import PROPERTIES, QuotientReport, check_quotient
+from .contract import QuotientReport, check_quotient
 from .models import TinyTransformerClassifier, cross_entropy, random_batches
 from .orbits import move_along_orbits_, moved_along_orbits
+from .properties import PROPERTIES
 
 __all__ = [
     "PROPERTIES",

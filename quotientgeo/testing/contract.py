@@ -9,44 +9,19 @@ the closed forms agree with the generic (autodiff) derivation of the base class.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 import torch
 
-from ..manifolds.base import GenericPath, QuotientManifold
+from ..manifolds.base import QuotientManifold
+from .properties import PROPERTIES, ContractRun, Skipped
 
 Tensor = torch.Tensor
 
-__all__ = ["PROPERTIES", "QuotientReport", "check_quotient"]
-
-#: Every property :func:`check_quotient` knows, in the order it checks them.
-PROPERTIES = (
-    "metric_inv",
-    "isotropic",
-    "proju_horizontal",
-    "proju_vertical",
-    "proju_idempotent",
-    "random_tangent",
-    "egrad2rgrad",
-    "action_affine",
-    "metric_invariance",
-    "proju_equivariance",
-    "egrad2rgrad_equivariance",
-    "christoffel_equivariance",
-    "expmap2_equivariance",
-    "expmap_equivariance",
-    "generic.inner",
-    "generic.metric_inv",
-    "generic.proju",
-    "generic.egrad2rgrad",
-    "generic.christoffel",
-    "generic.christoffel_uv",
-    "generic.expmap2",
-    "generic.expmap",
-)
+__all__ = ["QuotientReport", "check_quotient"]
 
 _DEFAULT_RTOL = {torch.float64: 1e-8, torch.float32: 1e-3}
 
@@ -77,10 +52,6 @@ class QuotientReport:
         lines += [f"  {k:<26} {v:.2e} (rtol {self.rtol[k]:.1e})" for k, v in self.errors.items()]
         lines += [f"  {k:<26} skipped: {reason}" for k, reason in self.skipped.items()]
         return "\n".join(lines)
-
-
-class _Skip(Exception):
-    """A property that cannot be checked on this manifold (the message says why)."""
 
 
 def check_quotient(
@@ -181,7 +152,7 @@ def check_quotient(
         raise ValueError(f"samples must be a positive integer, got {samples!r}")
     base_rtol = _DEFAULT_RTOL.get(x.dtype, 5e-2) if rtol is None else float(rtol)
     tolerances = {name: float((rtols or {}).get(name, base_rtol)) for name in PROPERTIES}
-    run = _Run(manifold, x, generator, group, radius, tolerances["action_affine"])
+    run = ContractRun(manifold, x, generator, group, radius, tolerances["action_affine"])
     errors: dict[str, float] = {}
     skipped: dict[str, str] = {}
     checks = run.checks(generic=generic, generic_expmap=generic_expmap)
@@ -195,7 +166,7 @@ def check_quotient(
                 continue
             try:
                 value = checks[name]()
-            except _Skip as reason:
+            except Skipped as reason:
                 skipped[name] = str(reason)
                 continue
             previous = errors.get(name, 0.0)
@@ -216,237 +187,3 @@ def check_quotient(
         MappingProxyType({k: tolerances[k] for k in errors}),
         MappingProxyType(skipped),
     )
-
-
-class _Run:
-    """The state of one :func:`check_quotient` call: the point, the draws, the checks."""
-
-    def __init__(self, m: QuotientManifold, x: Tensor, generator, group, radius, linear_rtol):
-        self.m, self.x, self.generator, self.group, self.radius = m, x, generator, group, radius
-        self.linear_rtol = linear_rtol
-        self._generic: QuotientManifold | None = None
-        self.p = m.at(x)
-        self.batch = x.shape[: x.dim() - m.ndim]
-        self.lie = tuple(m.lie_shape(self.p))
-        self.k = math.prod(self.lie)
-        self._action: str | None = None  # why the action cannot be checked, once known
-
-    # ------------------------------------------------------------------ draws
-    def randn(self, *shape: int) -> Tensor:
-        return torch.randn(
-            shape, generator=self.generator, dtype=self.x.dtype, device=self.x.device
-        )
-
-    def draw(self) -> None:
-        m, p = self.m, self.p
-        self.e1, self.e2, self.grad = (self.randn(*self.x.shape) for _ in range(3))
-        self.u, self.v = m.isotropic(p, self.e1), m.isotropic(p, self.e2)
-        self.omega = self.randn(*self.batch, *self.lie)
-        self.w = self.u
-        if self.radius is not None:
-            self.w = self.radius * self.u / m.norm(p, self.u, keepdim=True)
-        self.g = None
-        self.cache: dict[str, Any] = {}
-
-    def element(self) -> Any:
-        """The group element of this round (``_Skip`` without an action)."""
-        if self._action is not None:
-            raise _Skip(self._action)
-        if self.g is None:
-            try:
-                g = self.group
-                if g is None:
-                    g = self.m.random_group(self.x, generator=self.generator)
-                self.gx = self.m.act(self.x, g)
-            except NotImplementedError as err:
-                self._action = str(err)
-                raise _Skip(self._action) from None
-            self.g = g
-        return self.g
-
-    def push(self, u: Tensor) -> Tensor:
-        g = self.element()
-        try:
-            return self.m.push(self.x, u, g)
-        except NotImplementedError:
-            shape = torch.broadcast_shapes(self.x.shape, u.shape)
-            x, u = self.x.expand(shape).contiguous(), u.expand(shape).contiguous()
-            return torch.func.jvp(lambda y: self.m.act(y, g), (x,), (u,))[1]
-
-    def nontrivial(self) -> None:
-        if self.k == 0:
-            raise _Skip("the group is trivial (a Lie algebra of dimension 0)")
-
-    # ------------------------------------------------------------------ errors
-    def scalar(self, a: Tensor, b: Tensor, scale: Tensor) -> float:
-        d = (a.double() - b.double()).abs() / scale.double().clamp_min(_TINY)
-        return float(d.max()) if d.numel() else 0.0
-
-    def vector(self, y: Tensor, a: Tensor, b: Tensor, scale: Tensor | None = None) -> float:
-        """``max(‖a - b‖_y / ‖s‖_y, ‖a - b‖₂ / ‖s‖₂)`` in float64, ``s = b`` unless given."""
-        m = self.m
-        y64, d = y.double(), a.double() - b.double()
-        s = (b if scale is None else scale).double()
-        d, s = (t.expand(torch.broadcast_shapes(t.shape, y64.shape)) for t in (d, s))
-        metric = m.norm(y64, d) / m.norm(y64, s).clamp_min(_TINY)
-        dims = tuple(range(-m.ndim, 0))
-        euclid = torch.linalg.vector_norm(d, dim=dims) / torch.linalg.vector_norm(
-            s, dim=dims
-        ).clamp_min(_TINY)
-        err = torch.maximum(metric, euclid)
-        if bool(torch.isnan(err).any()):
-            return math.nan
-        return float(err.max()) if err.numel() else 0.0
-
-    # ------------------------------------------------------------------ properties
-    def checks(self, *, generic: bool, generic_expmap: bool) -> dict[str, Callable[[], float]]:
-        m, x, p = self.m, self.x, self.p
-
-        def metric_inv() -> float:
-            return self.vector(x, m.metric(p, m.metric_inv(p, self.u)), self.u)
-
-        def isotropic() -> float:
-            value = m.inner(p, self.u, self.v)
-            exact = m._reduce(self.e1 * self.e2, keepdim=False)
-            norms = m._reduce(self.e1.square(), False) * m._reduce(self.e2.square(), False)
-            return self.scalar(value, exact, norms.sqrt())
-
-        def vertical() -> Tensor:
-            return m.vertical(p, self.omega)
-
-        def proju_horizontal() -> float:
-            self.nontrivial()
-            vert = vertical()
-            value = m.inner(p, m.proju(p, self.u), vert)
-            return self.scalar(value, torch.zeros_like(value), m.norm(p, self.u) * m.norm(p, vert))
-
-        def proju_vertical() -> float:
-            self.nontrivial()
-            vert = vertical()
-            return self.vector(x, m.proju(p, vert), torch.zeros_like(vert), vert)
-
-        def proju_idempotent() -> float:
-            self.nontrivial()
-            pu = m.proju(p, self.u)
-            return self.vector(x, m.proju(p, pu), pu, self.u)
-
-        def random_tangent() -> float:
-            r = m.random_tangent(p, generator=self.generator)
-            return self.vector(x, m.proju(p, r), r)
-
-        def egrad2rgrad() -> float:
-            rho = m.egrad2rgrad(p, self.grad)
-            horizontal = self.vector(x, m.proju(p, rho), rho)
-            h = m.proju(p, self.v)
-            value = m.inner(p, rho, h)
-            exact = m._reduce(self.grad * h, keepdim=False)
-            pairing = self.scalar(value, exact, m.norm(p, rho) * m.norm(p, h))
-            return max(horizontal, pairing)
-
-        def action_affine() -> float:
-            if "linear" not in self.cache:
-                g = self.element()
-                moved = m.act(x + self.u, g)
-                self.cache["linear"] = self.vector(self.gx, moved - self.gx, self.push(self.u))
-            error = self.cache["linear"]
-            if not error <= self.linear_rtol:
-                raise _Skip(
-                    f"the action is not affine in x (relative error {error:.2e}): the "
-                    "Christoffel and expmap2 equivariances do not apply"
-                )
-            return error
-
-        def linear() -> None:
-            try:
-                action_affine()
-            except _Skip:
-                raise _Skip("the action is not affine in x") from None
-
-        def metric_invariance() -> float:
-            self.element()
-            value = m.inner(self.gx, self.push(self.u), self.push(self.v))
-            return self.scalar(
-                value, m.inner(p, self.u, self.v), m.norm(p, self.u) * m.norm(p, self.v)
-            )
-
-        def proju_equivariance() -> float:
-            self.nontrivial()
-            self.element()
-            acted = m.proju(self.gx, self.push(self.u))
-            return self.vector(self.gx, acted, self.push(m.proju(p, self.u)))
-
-        def egrad2rgrad_equivariance() -> float:
-            self.element()
-            gy = m.at(self.gx)
-            moved_grad = m.metric(gy, self.push(m.metric_inv(p, self.grad)))
-            acted = m.egrad2rgrad(gy, moved_grad)
-            return self.vector(self.gx, acted, self.push(m.egrad2rgrad(p, self.grad)))
-
-        def christoffel_equivariance() -> float:
-            self.element()
-            linear()
-            acted = m.christoffel(self.gx, self.push(self.u), self.push(self.v))
-            return self.vector(self.gx, acted, self.push(m.christoffel(p, self.u, self.v)))
-
-        def exp_equivariance(method: str) -> float:
-            g = self.element()
-            if method == "expmap2":
-                linear()
-            f = getattr(m, method)
-            acted = f(self.gx, self.push(self.w)) - self.gx
-            expected = m.act(f(p, self.w), g) - self.gx
-            return self.vector(self.gx, acted, expected)
-
-        def against_generic(method: str) -> Callable[[], float]:
-            def compare() -> float:
-                if not generic:
-                    raise _Skip("generic=False")
-                if isinstance(m, GenericPath):
-                    raise _Skip("the manifold is the generic path itself")
-                if method == "expmap" and not generic_expmap:
-                    raise _Skip("generic_expmap=False (RK4 through autodiff Christoffel symbols)")
-                if self._generic is None:
-                    self._generic = m.generic()
-                gm = self._generic
-                if method == "inner":
-                    scale = m.norm(p, self.u) * m.norm(p, self.v)
-                    return self.scalar(
-                        gm.inner(x, self.u, self.v), m.inner(p, self.u, self.v), scale
-                    )
-                if method == "metric_inv":
-                    gp = gm.at(x)
-                    return self.vector(x, gm.metric_inv(gp, self.u), m.metric_inv(p, self.u))
-                if method == "christoffel_uv":
-                    return self.vector(
-                        x, gm.christoffel(x, self.w, self.v), m.christoffel(p, self.w, self.v)
-                    )
-                a, b = getattr(gm, method)(x, self.w), getattr(m, method)(p, self.w)
-                if method.startswith("expmap"):
-                    a, b = a - x, b - x
-                return self.vector(x, a, b)
-
-            return compare
-
-        checks: dict[str, Callable[[], float]] = {
-            "metric_inv": metric_inv,
-            "isotropic": isotropic,
-            "proju_horizontal": proju_horizontal,
-            "proju_vertical": proju_vertical,
-            "proju_idempotent": proju_idempotent,
-            "random_tangent": random_tangent,
-            "egrad2rgrad": egrad2rgrad,
-            "action_affine": action_affine,
-            "metric_invariance": metric_invariance,
-            "proju_equivariance": proju_equivariance,
-            "egrad2rgrad_equivariance": egrad2rgrad_equivariance,
-            "christoffel_equivariance": christoffel_equivariance,
-            "expmap2_equivariance": lambda: exp_equivariance("expmap2"),
-            "expmap_equivariance": lambda: exp_equivariance("expmap"),
-        }
-        for name in PROPERTIES:
-            if name.startswith("generic."):
-                checks[name] = against_generic(name.removeprefix("generic."))
-        return checks
-
-
-_TINY = torch.finfo(torch.float64).tiny

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..geometry import ParameterGeometry, find_symmetries
-from ..manifolds.base import DEFAULT_CONDITION, check_condition, random_element
+from ..manifolds.groups import DEFAULT_CONDITION, check_condition, random_element
 
 Tensor = torch.Tensor
 

@@ -1,11 +1,12 @@
 """GL(h) two-factor quotients: total spaces (one class per metric), the group, the quotients.
 
 ``GLQuotient(n, metric)`` and ``GLTotalSpace(n, metric)`` construct the metric's class
-(:class:`~quotientgeo.manifolds.base.MetricVariants`); each metric's module registers its classes
-when imported, here.
+(:class:`~quotientgeo.manifolds.variants.MetricVariants`); each metric's module registers its
+classes when imported, here.
 """
 
-from .base import GLGroup, GLQuotient, GLTotalSpace
+from .base import GLQuotient, GLTotalSpace
+from .group import GLGroup
 from .interpolated import InterpolatedGLQuotient, InterpolatedTotalSpace
 from .inv import GLInvQuotient, InvTotalSpace
 from .mix import GLMixQuotient, MixTotalSpace

@@ -5,96 +5,33 @@ Three parts, composed as in a fiber bundle:
 - :class:`GLTotalSpace` (one subclass per metric: ``inv.py``, ``mix.py``, ``interpolated.py``):
   the pairs ``x = [G; H]`` with an invariant metric and no group, i.e. the layout, the cached
   Grams, the metric, Christoffel symbols and geodesics (closed form where one exists);
-- :class:`GLGroup`: ``GL(h)`` acting by ``(G, H) ↦ (G A⁻¹, H Aᵀ)``, its vertical space
-  ``{(-G Ω, H Ωᵀ)}`` and random elements;
+- :class:`GLGroup` (``group.py``): ``GL(h)`` acting by ``(G, H) ↦ (G A⁻¹, H Aᵀ)``, its
+  vertical space ``{(-G Ω, H Ωᵀ)}`` and random elements;
 - :class:`GLQuotient`: a total space whose Lie-algebra primitives come from a :class:`GLGroup`
   (the total-space methods are inherited, so a quotient is its own total space); each metric's
   quotient class adds the closed-form horizontal projection where there is one.
+
+The block arithmetic that all of them share is in ``blocks.py``.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
-from ...linalg import cholesky, cholesky_inverse, conditioned_matrix, gram, mT
+from ...linalg import cholesky, cholesky_inverse, gram, mT
 from ...validation import positive_int, real_in
-from ..base import (
-    DEFAULT_CONDITION,
-    AtPoint,
-    GroupAction,
-    MetricVariants,
-    QuotientManifold,
-    check_condition,
-)
+from ..base import AtPoint, QuotientManifold
 from ..ode import rk4
+from ..quotient import GroupAction
+from ..variants import MetricVariants
+from .blocks import Coefficients, Products, blockwise
+from .group import GLGroup
 
 Tensor = torch.Tensor
 
-__all__ = ["Coefficients", "GLGroup", "GLQuotient", "GLTotalSpace", "Products", "blockwise"]
-
-FactorCoefficients = tuple[Tensor, Tensor, "Tensor | None"]
-Coefficients = tuple[FactorCoefficients, FactorCoefficients]
-
-
-class Products(NamedTuple):
-    """The ``h × h`` products of a GL point and tangent vectors ``u``, ``v`` that every metric's
-    Christoffel coefficients are formed from (``GLQuotient.gamma_coefficients``).
-
-    ``uF = (u_Gᵀ G, u_Hᵀ H)``, ``vF = (v_Gᵀ G, v_Hᵀ H)``, ``uv = (u_Gᵀ v_G, u_Hᵀ v_H)``; the
-    Gram matrices ``P = GᵀG + eps·I``, ``Q = HᵀH + eps·I`` and their inverses.
-    """
-
-    P: Tensor
-    Q: Tensor
-    P_inv: Tensor
-    Q_inv: Tensor
-    uF: tuple[Tensor, Tensor]
-    vF: tuple[Tensor, Tensor]
-    uv: tuple[Tensor, Tensor]
-
-
-def blockwise(
-    n: int, u: Tensor, W_G: Tensor, W_H: Tensor, add: Tensor | None = None, *, into: bool = False
-) -> Tensor:
-    """``(u_G W_G, u_H W_H)``, plus ``add`` if given, for ``h × h`` blocks ``W_G``, ``W_H`` and
-    ``u = [u_G; u_H]`` with ``n`` rows in ``u_G``.
-
-    ``into=True`` accumulates into ``add`` in place (a contiguous intermediate of the full
-    shape that the caller owns) and returns it. Memory traffic, not arithmetic, dominates
-    here: when ``G`` and ``H`` have the same shape, ``[G; H]`` is viewed as a batch of
-    ``2·heads`` factors and the result is a single batched product with the addition fused
-    in; otherwise the two row blocks are separate (strided) products.
-    """
-    rows, h = u.shape[-2:]
-    shapes = [u.shape[:-2], W_G.shape[:-2], W_H.shape[:-2]]
-    if add is not None:
-        shapes.append(add.shape[:-2])
-    # equal batch shapes are the common case; broadcast_shapes costs more than the product
-    batch = shapes[0] if all(s == shapes[0] for s in shapes) else torch.broadcast_shapes(*shapes)
-    u = u.expand(*batch, rows, h)
-    W_G, W_H = W_G.expand(*batch, h, h), W_H.expand(*batch, h, h)
-    square = rows == 2 * n
-    if square:
-        W = torch.stack((W_G, W_H), dim=-3).reshape(-1, h, h)
-        u = u.reshape(-1, n, h)
-    if add is None:
-        if square:
-            return torch.bmm(u, W).view(*batch, rows, h)
-        return torch.cat((u[..., :n, :] @ W_G, u[..., n:, :] @ W_H), dim=-2)
-    if not into:
-        if square:
-            add = add.expand(*batch, rows, h).reshape(-1, n, h)
-            return torch.baddbmm(add, u, W).view(*batch, rows, h)
-        add = add.expand(*batch, rows, h).clone(memory_format=torch.contiguous_format)
-    if square:
-        add.view(-1, n, h).baddbmm_(u, W)
-    else:
-        flat, u = add.view(-1, rows, h), u.reshape(-1, rows, h)
-        flat[:, :n].baddbmm_(u[:, :n], W_G.reshape(-1, h, h))
-        flat[:, n:].baddbmm_(u[:, n:], W_H.reshape(-1, h, h))
-    return add
+__all__ = ["GLQuotient", "GLTotalSpace"]
 
 
 class GLTotalSpace(MetricVariants, QuotientManifold, variants=True):
@@ -108,7 +45,7 @@ class GLTotalSpace(MetricVariants, QuotientManifold, variants=True):
     ``"inv"`` ``(P⁻¹, Q⁻¹)`` (:class:`~.inv.InvTotalSpace`), ``"mix"`` ``(Q, P)``
     (:class:`~.mix.MixTotalSpace`), ``s ∈ [0, 1]`` ``(1-s)·inv + s·mix``
     (:class:`~.interpolated.InterpolatedTotalSpace`); ``GLTotalSpace(n, metric)`` returns an
-    instance of the metric's class (:class:`~quotientgeo.manifolds.base.MetricVariants`).
+    instance of the metric's class (:class:`~quotientgeo.manifolds.variants.MetricVariants`).
 
     This class holds everything that does not depend on the group: the layout (``split``,
     ``join``, shape and rank checks), the cached ``P``, ``Q``, their Cholesky factors and
@@ -398,71 +335,6 @@ class GLTotalSpace(MetricVariants, QuotientManifold, variants=True):
         return torch.cat([eye(self.n), eye(rows - self.n)], dim=-2).expand(*size).clone()
 
 
-class GLGroup:
-    r"""``GL(h)`` acting on pairs ``x = [G; H]`` (``n`` rows in ``G``) by
-    ``(G, H) ↦ (G A⁻¹, H Aᵀ)``.
-
-    Lie algebra ``gl(h)`` (``Ω`` of shape ``(h, h)``), vertical vectors ``(-G Ω, H Ωᵀ)``; the
-    differential of the action is the same map on tangent vectors. Subgroups
-    (:class:`~.rotary.RotaryGroup`) refine the Lie algebra and keep the action.
-    """
-
-    def __init__(self, n: int):
-        self.n = positive_int("n", n, "rows of G")
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(n={self.n})"
-
-    def lie_shape(self, p: AtPoint) -> tuple[int, ...]:
-        h = p.x.shape[-1]
-        return (h, h)
-
-    def vertical(self, p: AtPoint, omega: Tensor) -> Tensor:
-        """``(-G Ω, H Ωᵀ)``."""
-        return blockwise(self.n, p.x, -omega, mT(omega))
-
-    def precondition(self, p: AtPoint, r: Tensor) -> Tensor:
-        """The identity (the metric's quotient class may know the normal operator's inverse)."""
-        return r
-
-    def act(self, x: Tensor, A: Tensor) -> Tensor:
-        """``(G, H) ↦ (G A⁻¹, H Aᵀ)`` for ``A`` of shape ``(..., h, h)``."""
-        G, H = x[..., : self.n, :], x[..., self.n :, :]
-        return torch.cat((torch.linalg.solve(A, G, left=False), H @ mT(A)), dim=-2)
-
-    def push(self, x: Tensor, u: Tensor, A: Tensor) -> Tensor:
-        """Differential of the action: ``(ξ_G, ξ_H) ↦ (ξ_G A⁻¹, ξ_H Aᵀ)``."""
-        return self.act(u, A)
-
-    def random_group(
-        self,
-        x: Tensor | AtPoint,
-        *,
-        generator: torch.Generator | None = None,
-        scale: float = 1.0,
-        condition: float = DEFAULT_CONDITION,
-    ) -> Tensor:
-        """``A = scale · U diag(σ) Vᵀ``, one per batch entry of ``x``: ``U``, ``V`` Haar-random
-        orthogonal, ``σ`` log-uniform in ``[c^{-1/2}, c^{1/2}]`` (``c = condition``), so
-        ``cond(A) ≤ c`` and the Gram matrices ``GᵀG``, ``HᵀH`` of the moved point have condition
-        numbers at most ``c²`` times the original ones (both components of GL(h) occur)."""
-        x = x.x if isinstance(x, AtPoint) else x
-        h = x.shape[-1]
-        A = conditioned_matrix(
-            *x.shape[:-2],
-            h,
-            h,
-            condition=check_condition(condition),
-            generator=generator,
-            dtype=x.dtype,
-            device=x.device,
-        )
-        return A.mul_(scale)
-
-    def group_name(self, shape: tuple[int, ...]) -> str:
-        return f"GL({shape[-1]})"
-
-
 class GLQuotient(GroupAction, GLTotalSpace, variants=True):
     r"""Quotient of full-rank factor pairs by ``GL(h)``: ``(G, H) ~ (G A⁻¹, H Aᵀ)``.
 
@@ -482,7 +354,7 @@ class GLQuotient(GroupAction, GLTotalSpace, variants=True):
     ==================  ======================================  ===========================
 
     ``GLQuotient(n, metric)`` returns an instance of the class of ``metric`` (as geoopt's
-    ``Stiefel(canonical=...)`` does; :class:`~quotientgeo.manifolds.base.MetricVariants`).
+    ``Stiefel(canonical=...)`` does; :class:`~quotientgeo.manifolds.variants.MetricVariants`).
     ``<η, ζ> = tr(W_G η_Gᵀ ζ_G) + tr(W_H η_Hᵀ ζ_H)``.
 
     ``eps > 0`` is the relaxation of the paper's Appendix H.2 for (nearly) rank-deficient

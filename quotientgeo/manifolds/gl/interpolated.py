@@ -7,7 +7,8 @@ import torch
 from ...linalg import cholesky, cholesky_inverse
 from ...validation import real_in
 from ..base import AtPoint
-from .base import Coefficients, GLQuotient, GLTotalSpace, Products
+from .base import GLQuotient, GLTotalSpace
+from .blocks import Coefficients, Products
 from .inv import inv_coefficients
 from .mix import mix_coefficients
 

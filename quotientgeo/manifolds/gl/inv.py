@@ -6,7 +6,8 @@ import torch
 
 from ...linalg import expm, mT, solve_sylvester, sylvester_basis, sym
 from ..base import AtPoint
-from .base import Coefficients, GLQuotient, GLTotalSpace, Products
+from .base import GLQuotient, GLTotalSpace
+from .blocks import Coefficients, Products
 
 Tensor = torch.Tensor
 

@@ -17,8 +17,12 @@ import torch
 
 from ...linalg import cholesky, conditioned_matrix, gram, log_uniform, mT, tensor_sum
 from ...validation import integer
-from ..base import DEFAULT_CONDITION, DEFAULT_METRIC, AtPoint, Quotient, check_condition
-from .base import GLGroup, GLQuotient
+from ..base import AtPoint
+from ..groups import DEFAULT_CONDITION, check_condition
+from ..quotient import Quotient
+from ..variants import DEFAULT_METRIC
+from .base import GLQuotient
+from .group import GLGroup
 
 Tensor = torch.Tensor
 
@@ -135,7 +139,7 @@ class RotaryGLQuotient(Quotient):
 
     The metric is a GL(h)-invariant metric of :class:`GLQuotient` (``"inv"``, ``"mix"`` or
     ``s``); it is invariant under the subgroup too, so it descends to this (larger) quotient.
-    A :class:`~quotientgeo.manifolds.base.Quotient` of the GL total space by
+    A :class:`~quotientgeo.manifolds.quotient.Quotient` of the GL total space by
     :class:`RotaryGroup`: the metric, Christoffel symbols and geodesics (closed form for
     ``"inv"`` with ``eps = 0``) are those of the total space, which is :attr:`gl` (the GL(h)
     quotient of the same metric inherits its total space, and both share one point cache); only

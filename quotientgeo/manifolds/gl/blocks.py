@@ -1,0 +1,76 @@
+"""Block arithmetic of GL points ``x = [G; H]``: the block-wise right multiplication
+``(u_G W_G, u_H W_H)`` and the ``h × h`` products every metric's Christoffel coefficients are
+formed from.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+Tensor = torch.Tensor
+
+__all__ = ["Coefficients", "FactorCoefficients", "Products", "blockwise"]
+
+FactorCoefficients = tuple[Tensor, Tensor, "Tensor | None"]
+Coefficients = tuple[FactorCoefficients, FactorCoefficients]
+
+
+class Products(NamedTuple):
+    """The ``h × h`` products of a GL point and tangent vectors ``u``, ``v`` that every metric's
+    Christoffel coefficients are formed from (``GLQuotient.gamma_coefficients``).
+
+    ``uF = (u_Gᵀ G, u_Hᵀ H)``, ``vF = (v_Gᵀ G, v_Hᵀ H)``, ``uv = (u_Gᵀ v_G, u_Hᵀ v_H)``; the
+    Gram matrices ``P = GᵀG + eps·I``, ``Q = HᵀH + eps·I`` and their inverses.
+    """
+
+    P: Tensor
+    Q: Tensor
+    P_inv: Tensor
+    Q_inv: Tensor
+    uF: tuple[Tensor, Tensor]
+    vF: tuple[Tensor, Tensor]
+    uv: tuple[Tensor, Tensor]
+
+
+def blockwise(
+    n: int, u: Tensor, W_G: Tensor, W_H: Tensor, add: Tensor | None = None, *, into: bool = False
+) -> Tensor:
+    """``(u_G W_G, u_H W_H)``, plus ``add`` if given, for ``h × h`` blocks ``W_G``, ``W_H`` and
+    ``u = [u_G; u_H]`` with ``n`` rows in ``u_G``.
+
+    ``into=True`` accumulates into ``add`` in place (a contiguous intermediate of the full
+    shape that the caller owns) and returns it. Memory traffic, not arithmetic, dominates
+    here: when ``G`` and ``H`` have the same shape, ``[G; H]`` is viewed as a batch of
+    ``2·heads`` factors and the result is a single batched product with the addition fused
+    in; otherwise the two row blocks are separate (strided) products.
+    """
+    rows, h = u.shape[-2:]
+    shapes = [u.shape[:-2], W_G.shape[:-2], W_H.shape[:-2]]
+    if add is not None:
+        shapes.append(add.shape[:-2])
+    # equal batch shapes are the common case; broadcast_shapes costs more than the product
+    batch = shapes[0] if all(s == shapes[0] for s in shapes) else torch.broadcast_shapes(*shapes)
+    u = u.expand(*batch, rows, h)
+    W_G, W_H = W_G.expand(*batch, h, h), W_H.expand(*batch, h, h)
+    square = rows == 2 * n
+    if square:
+        W = torch.stack((W_G, W_H), dim=-3).reshape(-1, h, h)
+        u = u.reshape(-1, n, h)
+    if add is None:
+        if square:
+            return torch.bmm(u, W).view(*batch, rows, h)
+        return torch.cat((u[..., :n, :] @ W_G, u[..., n:, :] @ W_H), dim=-2)
+    if not into:
+        if square:
+            add = add.expand(*batch, rows, h).reshape(-1, n, h)
+            return torch.baddbmm(add, u, W).view(*batch, rows, h)
+        add = add.expand(*batch, rows, h).clone(memory_format=torch.contiguous_format)
+    if square:
+        add.view(-1, n, h).baddbmm_(u, W)
+    else:
+        flat, u = add.view(-1, rows, h), u.reshape(-1, rows, h)
+        flat[:, :n].baddbmm_(u[:, :n], W_G.reshape(-1, h, h))
+        flat[:, n:].baddbmm_(u[:, n:], W_H.reshape(-1, h, h))
+    return add
