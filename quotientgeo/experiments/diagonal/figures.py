@@ -27,6 +27,8 @@ def _number(value) -> float:
 def scatter_figure(payload: dict, path: Path) -> Path:
     """Sharpness at ``ρ = ρ₁`` against the gap, one row per population, one column per measure
     of the paper, coloured by the population's main hyperparameter (log scale)."""
+    from matplotlib.ticker import NullFormatter
+
     plt = C.pyplot()
     pops = payload["populations"]
     fig, axes = plt.subplots(len(pops), 3, figsize=(13, 3.9 * len(pops)), squeeze=False)
@@ -40,6 +42,7 @@ def scatter_figure(payload: dict, path: Path) -> Path:
             x = [_number(m[row]) for m in models]
             points = ax.scatter(x, gap, c=colour, s=18, alpha=0.85, cmap="viridis")
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())
             if min(gap) > 0:
                 ax.set_yscale("log")
             rho = pop["rho_grid"][row][pop["grid_factors"].index(1.0)]
