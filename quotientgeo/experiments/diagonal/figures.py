@@ -41,8 +41,10 @@ def scatter_figure(payload: dict, path: Path) -> Path:
             ax = axes[r][c]
             x = [_number(m[row]) for m in models]
             points = ax.scatter(x, gap, c=colour, s=18, alpha=0.85, cmap="viridis")
-            ax.set_xscale("log")
-            ax.xaxis.set_minor_formatter(NullFormatter())
+            positive = [v for v in x if v > 0]
+            if positive and max(positive) > 10 * min(positive):  # log only across decades
+                ax.set_xscale("log")
+                ax.xaxis.set_minor_formatter(NullFormatter())
             if min(gap) > 0:
                 ax.set_yscale("log")
             rho = pop["rho_grid"][row][pop["grid_factors"].index(1.0)]
