@@ -166,7 +166,11 @@ def payload(study: Study, analysis: Analysis) -> dict[str, Any]:
         "config": dataclasses.asdict(size),
         "radius_rule": RADIUS_RULE,
         "noise_definition": NOISE,
-        "measures": {row: m.settings() for row, m in study.measures.items()},
+        # each row's settings but its radius (rho_grid of each population)
+        "measures": {
+            row: {k: v for k, v in m.settings().items() if k != "rho"}
+            for row, m in study.measures.items()
+        },
         "ball": study.ball,
         "kendall_tau": {name: p["kendall_tau"] for name, p in parts.items()},
         "p_value": {name: p["p_value"] for name, p in parts.items()},
