@@ -187,6 +187,11 @@ def test_population_commands_under_torchrun_write_what_one_process_writes(
     b = json.loads((multi / json_name).read_text())
     assert b["ranks"] == 2 and a["ranks"] == 1
     assert a["kendall_tau"] == b["kendall_tau"]
-    for key in ("geodesic_mix", "geodesic_inv", "adaptive", "gap"):
-        assert [m[key] for m in a["models"]] == [m[key] for m in b["models"]], key
+    # diagonal: one record list per population
+    pops = a.get("populations", {name: a})
+    assert list(pops) == list(b.get("populations", {name: b}))
+    for p in pops:
+        one, two = (d["populations"][p] if "populations" in d else d for d in (a, b))
+        for key in ("geodesic_mix", "geodesic_inv", "adaptive", "gap"):
+            assert [m[key] for m in one["models"]] == [m[key] for m in two["models"]], (p, key)
     assert (multi / json_name.replace(".json", ".png")).stat().st_size > 1000

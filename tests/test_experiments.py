@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 
@@ -13,10 +14,11 @@ from quotientgeo.experiments import COMMANDS
 pytest.importorskip("matplotlib")
 pytest.importorskip("scipy")
 pytest.importorskip("sklearn")
+from scipy.stats import kendalltau
 
 # command -> (JSON file, PNG files, required keys of kendall_tau or None)
 EXPECTED = {
-    "diagonal": ("diagonal.json", ["diagonal.png"], ["adaptive", "geodesic_inv", "geodesic_mix"]),
+    "diagonal": ("diagonal.json", ["diagonal.png", "diagonal_tau_by_rho.png"], None),
     "toy": ("toy.json", ["toy.png"], None),
     "invariance": ("invariance.json", ["invariance.png"], None),
     "transformers": (
@@ -86,6 +88,59 @@ def test_quick_run(name, quick):
         path = tmp_path / png
         assert path.stat().st_size > 1000
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_diagonal_quick_fields(quick):
+    """Both populations: τ across calibrated radii with bands, granulated τ on the grid one
+    only, the gap spread over the noise from the members' records, the shared balls."""
+    _, d = quick("diagonal")
+    assert list(d["populations"]) == ["init", "sgd"]
+    rows = list(d["measures"])
+    assert set(rows) >= {"adaptive", "geodesic_inv", "geodesic_mix", "average"}
+    for name, pop in d["populations"].items():
+        grid, models = pop["grid_factors"], pop["models"]
+        assert 1.0 in grid and len(models) >= 5
+        assert pop["kendall_tau"] == d["kendall_tau"][name]
+        for row in rows:
+            rho1 = pop["calibration"][d["ball"][row]]["rho"]
+            assert pop["rho_grid"][row] == pytest.approx([f * rho1 for f in grid], rel=1e-12)
+            assert list(pop["tau_by_rho"][row]) == [f"{r:.4g}" for r in pop["rho_grid"][row]]
+            for rho, tau in pop["tau_by_rho"][row].items():
+                if tau is not None:
+                    lo, hi = pop["tau_interval_by_rho"][row][rho]
+                    assert -1.0 <= lo <= tau <= hi <= 1.0, (name, row, rho)
+            # the headline τ is the f = 1 column, recomputed from the members' values
+            at_one = [m[row] for m in models]
+            assert at_one == [m["grid"][row][grid.index(1.0)] for m in models]
+            expected = kendalltau(at_one, [m["gap"] for m in models])[0]
+            assert pop["kendall_tau"][row] == pytest.approx(expected, abs=1e-12)
+        gaps = [m["gap"] for m in models]
+        noise = statistics.fmean(m["test_se"] for m in models)
+        assert pop["gap_spread_over_noise"] == pytest.approx(statistics.stdev(gaps) / noise)
+        for m in models:
+            assert m["gap"] == pytest.approx(m["test_loss"] - m["train_loss"])
+        # every ball reaches the target on the reference member within the calibration tolerance
+        target = pop["target_loss_increase"]
+        for ball, cal in pop["calibration"].items():
+            assert abs(cal["value"] - target) <= d["config"]["calibration_rtol"] * target, ball
+    assert d["populations"]["init"]["granulated_tau"] is None
+    sgd = d["populations"]["sgd"]
+    assert len({m["alpha"] for m in sgd["models"]}) == 1  # one initialisation scale
+    for row, g in sgd["granulated_tau"].items():
+        assert set(g) == {"lr_factor", "batch_size", "psi"}
+        assert g["psi"] == pytest.approx((g["lr_factor"] + g["batch_size"]) / 2), row
+    # rows that share a ball share its radius
+    for metric in ("inv", "mix"):
+        for kind in ("first_order", "exact"):
+            assert d["ball"][f"{kind}_{metric}"] == f"geodesic_{metric}"
+
+
+def test_diagonal_one_population(tmp_path):
+    """``--population sgd`` runs the grid population alone."""
+    args = ["reproduce", "diagonal", "--quick", "--no-progress", "--population", "sgd"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    d = json.loads((tmp_path / "diagonal.json").read_text())
+    assert list(d["populations"]) == ["sgd"] and list(d["kendall_tau"]) == ["sgd"]
 
 
 def test_invariance_quick_is_invariant(quick):

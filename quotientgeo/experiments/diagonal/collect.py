@@ -1,0 +1,168 @@
+"""The expensive part of the diagonal study, per population: train it (every rank: one batched
+tensor program per batch-order seed, seconds), calibrate every ball on the reference member,
+measure every member at every radius of the grid (members split over the ranks)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from quotientgeo import Measure, calibrate_rho
+from quotientgeo.manifolds import DEFAULT_METRIC
+
+from .. import _common as C
+from .config import CALIBRATED_BY, GEODESIC, Study
+from .records import Calibrated, Member, PopulationRecords, Records
+from .training import DiagonalNet, hyperparameters, make_data, mse, rescale_geometry, sgd_grid
+from .training import train_population as _train
+
+AXES = {"init": (), "sgd": ("lr_factor", "batch_size")}  # grid axes (init: random draws)
+
+
+def bound(measure: Measure, model: DiagonalNet) -> Measure:
+    """``measure`` for ``model``: geodesic rows on its re-scaling pair, declared in their metric."""
+    if measure.symmetries is None:
+        return measure
+    metric = DEFAULT_METRIC if measure.metric is None else str(measure.metric)
+    return measure.replace(symmetries=rescale_geometry(model, metric))
+
+
+def design(name: str, study: Study) -> dict[str, torch.Tensor]:
+    """The population's hyperparameters, member by member (``seed``: batch-order seed index):
+    ``init`` draws them (:func:`~.training.hyperparameters`), ``sgd`` is a grid at one ``α``."""
+    size, data = study.size, study.size.data
+    if name == "init":
+        hp = hyperparameters(data.n_models, data.n, study.seed)
+        return {**hp, "seed": torch.zeros(data.n_models, dtype=torch.long)}
+    return sgd_grid(size.sgd_alpha, size.sgd_lr, size.sgd_batch, size.sgd_seeds)
+
+
+def train(name: str, hp: dict, data: dict, study: Study, show: bool) -> dict[str, torch.Tensor]:
+    """Every member trained, in member order; the members of batch-order seed ``s`` train
+    together with seed ``study.seed + 1000·s`` (``s = 0``: the first design's seed)."""
+    parts, order = [], []
+    for s in sorted(set(hp["seed"].tolist())):
+        idx = (hp["seed"] == s).nonzero().flatten()
+        sub = {k: v[idx] for k, v in hp.items() if k != "seed"}
+        with C.counter(f"training {name} (seed {s}, converged)", len(idx), enabled=show) as bar:
+            parts.append(_train(data, sub, study.size.data, study.seed + 1000 * s, bar))
+        order.append(idx)
+    inverse = torch.cat(order).argsort()
+    return {k: torch.cat([p[k] for p in parts])[inverse] for k in parts[0]}
+
+
+def calibrate(model: DiagonalNet, batches, study: Study, row: str, target: float) -> Calibrated:
+    """``ρ₁`` of ``row``'s ball: where ``model``'s value of ``CALIBRATED_BY`` the ball's row (by
+    default the row itself) is ``target``."""
+    cal = calibrate_rho(
+        model,
+        mse,
+        batches,
+        target=target,
+        measure=bound(study.measures[CALIBRATED_BY.get(row, row)], model),
+        low=0.01,
+        high=1.0,
+        rtol=study.size.calibration_rtol,
+        progress=False,
+        distributed="off",
+    )
+    return Calibrated(cal.rho, cal.value, len(cal.evaluations))
+
+
+def measure_member(model: DiagonalNet, batches, study: Study, rho1: dict[str, float]):
+    """``(values, first_order, failures)`` of ``model``: every row at every grid factor; a
+    measurement that raises ``ValueError`` is NaN and a failure."""
+    values: dict[str, list[float]] = {row: [] for row in study.measures}
+    first: dict[str, list[float]] = {row: [] for row in GEODESIC}
+    failures = []
+    for row in study.measures:
+        for f in study.size.grid:
+            m = bound(study.measure(row, f, rho1), model)
+            try:
+                result = m.evaluate(model, mse, batches, progress=False, distributed="off")
+                value, first_order = result.value, result.first_order_value
+            except ValueError as err:
+                failures.append(f"{row} at rho={m.rho:.4g}: {err}")
+                value = first_order = float("nan")
+            values[row].append(value)
+            if row in first:
+                first[row].append(first_order)
+    return values, first, failures
+
+
+def collect_population(
+    name: str, study: Study, population: C.Population, data: dict
+) -> PopulationRecords:
+    """Train, calibrate and measure population ``name`` (module docstring)."""
+    seconds, tick = {}, time.perf_counter()
+    show = study.progress and population.is_reporter
+    hp = design(name, study)
+    trained = train(name, hp, data, study, show)
+    seconds["training"] = time.perf_counter() - tick
+    finite = torch.isfinite(trained["test_loss"]) & torch.isfinite(trained["train_loss"])
+    keep = finite.nonzero().flatten().tolist()
+    if len(keep) < len(finite) and population.is_reporter:
+        print(f"{name}: {len(finite) - len(keep)} network(s) diverged and are left out")
+    if len(keep) < 3:
+        raise RuntimeError(f"{name}: fewer than 3 networks trained without diverging")
+    models = [DiagonalNet(trained["u"][k], trained["v"][k]) for k in keep]
+    batches = [(data["X"], data["y"])]
+    reference = len(keep) // 2
+    target = study.size.target_fraction * float(data["y"].square().mean())
+
+    tick = time.perf_counter()
+    balls = study.calibrated
+    with C.counter(f"calibrating ρ₁ ({name})", len(population.mine(len(balls))), enabled=show) as b:
+        found = population.map(
+            lambda row: calibrate(models[reference], batches, study, row, target), balls, bar=b
+        )
+    calibration = dict(zip(balls, found, strict=True))
+    rho1 = {row: c.rho for row, c in calibration.items()}
+    seconds["calibration"] = time.perf_counter() - tick
+
+    tick = time.perf_counter()
+    share = len(population.mine(len(models)))
+    with C.counter(f"τ(ρ) grid ({name}, models)", share, enabled=show) as b:
+        measured = population.map(
+            lambda model: measure_member(model, batches, study, rho1), models, bar=b
+        )
+    seconds["grid"] = time.perf_counter() - tick
+    members = [
+        Member(
+            alpha=float(hp["alpha"][k]),
+            lr_factor=float(hp["lr_factor"][k]),
+            batch_size=int(hp["batch_size"][k]),
+            seed=int(hp["seed"][k]),
+            steps=int(trained["steps"][k]),
+            train_loss=float(trained["train_loss"][k]),
+            test_loss=float(trained["test_loss"][k]),
+            test_se=float(trained["test_se"][k]),
+            values=values,
+            first_order=first,
+        )
+        for k, (values, first, _) in zip(keep, measured, strict=True)
+    ]
+    return PopulationRecords(
+        name=name,
+        axes=AXES[name],
+        members=members,
+        n_models=len(finite),
+        n_converged=int((trained["train_loss"] < study.size.data.target_loss).sum()),
+        reference=reference,
+        target=target,
+        calibration=calibration,
+        failures=[failure for *_, fails in measured for failure in fails],
+        seconds=seconds,
+    )
+
+
+def collect(study: Study, population: C.Population) -> Records:
+    """Every population of ``study``, in order, split over ``population``'s ranks."""
+    started = time.perf_counter()
+    data = make_data(study.size.data, study.seed)
+    with C.threads(1):
+        records = {
+            name: collect_population(name, study, population, data) for name in study.populations
+        }
+    return Records(records, population.world, started)
