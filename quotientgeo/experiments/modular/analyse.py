@@ -66,7 +66,7 @@ def analyse(config: Config, records: Records) -> dict[str, Any]:
         "n_samples_average": size.n_samples,
         "sharpness_samples": size.n_batches * size.batch,
         "target_nats": config.target,
-        **{k: none(v) for k, v in gap_spread(records.metrics).items()},
+        **{k: v if isinstance(v, int) else none(v) for k, v in gap_spread(records.metrics).items()},
         "calibration": records.calibration,
         "grid_factors": list(size.grid),
         "rho": {
