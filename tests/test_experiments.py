@@ -243,6 +243,16 @@ def test_modular_task_and_model():
     assert all(kind.shape[-1] == 16 // 2 for kind in geometry.kinds)  # GL(h), h = width / heads
 
 
+def test_modular_figures_redraw_from_json(quick, tmp_path):
+    from quotientgeo.experiments import modular
+
+    out, payload = quick("modular")
+    drawn = modular.figures(payload, tmp_path)
+    assert [p.name for p in drawn] == ["modular_tau_by_rho.png", "modular.png"]
+    for p in drawn:
+        assert p.stat().st_size > 10_000 and (out / p.name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_modular_reuses_cache(quick, capsys):
     out, payload = quick("modular")
     args = ["reproduce", "modular", "--quick", "--no-progress", "--gaps-only", "--out", str(out)]
