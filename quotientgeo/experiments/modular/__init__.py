@@ -10,6 +10,9 @@ addition, a population that runs from memorisation to full generalisation.
   (``--gaps-only`` stops there);
 - **data of every measure**: the first ``n_batches × batch`` pairs of the task's order, inside
   every member's training set (the training sets are nested);
+- **precision**: members train in float32 and are measured in float64 (``measure_dtype``):
+  weight decay drives the attention's query and key factors close to rank loss, which float32
+  cannot resolve;
 - **radii**: adaptive, geodesic inv, geodesic mix (second order) and average sharpness each
   have a ball whose ``ρ₁`` is calibrated on the reference member (member 0) with
   :func:`quotientgeo.calibrate_rho` (worst-case, or average, loss increase of ``--target``

@@ -63,6 +63,7 @@ def analyse(config: Config, records: Records) -> dict[str, Any]:
         },
         "n_models": len(gap),
         "n_iter": size.n_iter,
+        "measure_dtype": size.measure_dtype,
         "n_samples_average": size.n_samples,
         "sharpness_samples": size.n_batches * size.batch,
         "target_nats": config.target,

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from quotientgeo.sharpness.flatness import RelativeFlatness
 
 from .. import _common as C
@@ -98,7 +100,7 @@ def evaluate(model, data, row: str, m) -> Value:
 
 def collect(config: Config, population: C.Population, out: Path) -> Records | None:
     """Train (or load) the population, print its gaps; then calibrate every ball on member 0
-    and measure every member (module docstring)."""
+    and measure every member in ``measure_dtype`` (module docstring)."""
     from quotientgeo import calibrate_rho
 
     started, size, seconds = time.perf_counter(), config.size, {}
@@ -116,7 +118,8 @@ def collect(config: Config, population: C.Population, out: Path) -> Records | No
             print_gaps(config, recipes, metrics)
         if config.gaps_only:
             return None
-        models = [model for model, _ in trained]
+        dtype = getattr(torch, size.measure_dtype)  # members are trained in float32
+        models = [model.to(dtype) for model, _ in trained]
 
         def calibrate(row: str) -> dict[str, Any]:
             cal = calibrate_rho(

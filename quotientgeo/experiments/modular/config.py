@@ -37,6 +37,7 @@ class Size:
     calibration_rtol: float = 0.1
     calibration_evals: int = 16
     resamples: int = 2000
+    measure_dtype: str = "float64"  # weight decay drives attention factors to near rank loss
 
     @classmethod
     def quick(cls) -> Size:
