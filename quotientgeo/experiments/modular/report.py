@@ -69,7 +69,10 @@ def print_results(payload: dict[str, Any]) -> None:
 
 def figures(payload: dict[str, Any], out: Path) -> list[Path]:
     """``modular_tau_by_rho.png`` (τ(ρ) with bands, curvature share) and ``modular.png``
-    (every row at ``f = 1`` against the gap, coloured by training fraction)."""
+    (every row at ``f = 1`` against the gap, coloured by training fraction, one marker per
+    weight decay)."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
     from matplotlib.ticker import NullFormatter
 
     plt = C.pyplot()
@@ -102,10 +105,24 @@ def figures(payload: dict[str, Any], out: Path) -> list[Path]:
     fig, axes = plt.subplots(
         math.ceil(len(rows_) / cols), cols, figsize=(14, 3.2 * 3), squeeze=False
     )
-    colour = [m["fraction"] for m in models]
+    decays = sorted({m["weight_decay"] for m in models})
+    marker = dict(zip(decays, "os^Dv<>p", strict=False))
+    lo, hi = min(m["fraction"] for m in models), max(m["fraction"] for m in models)
     for ax, row in zip(axes.flat, rows_, strict=False):
         x = [num(m["values"][row]) for m in models]
-        points = ax.scatter(x, [m["gap"] for m in models], c=colour, cmap="viridis", s=16)
+        for wd in decays:  # one marker per weight decay, colour by training fraction
+            mine = [k for k, m in enumerate(models) if m["weight_decay"] == wd]
+            ax.scatter(
+                [x[k] for k in mine],
+                [models[k]["gap"] for k in mine],
+                c=[models[k]["fraction"] for k in mine],
+                cmap="viridis",
+                vmin=lo,
+                vmax=hi,
+                marker=marker[wd],
+                s=18,
+                label=f"weight decay {wd:g}",
+            )
         if all(v > 0 for v in x if math.isfinite(v)):
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(NullFormatter())
@@ -114,7 +131,9 @@ def figures(payload: dict[str, Any], out: Path) -> list[Path]:
         ax.axis("off")
     for ax in axes[:, 0]:
         ax.set_ylabel("gap (test - train error)")
-    fig.colorbar(points, ax=axes, label="training fraction")
+    axes.flat[0].legend(fontsize=7)
+    scale = ScalarMappable(norm=Normalize(lo, hi), cmap="viridis")
+    fig.colorbar(scale, ax=axes, label="training fraction")
     fig.suptitle(f"{len(models)} transformers on (a + b) mod {payload['task']['p']}, f = 1")
     paths.append(C.save_figure(fig, out / "modular.png"))
     return paths
