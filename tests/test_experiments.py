@@ -39,6 +39,20 @@ EXPECTED = {
     ),
     "rho-sweep": ("rho_sweep.json", ["rho_sweep.png"], None),
     "sam": ("sam.json", ["sam.png"], None),
+    "modular": (
+        "modular.json",
+        ["modular.png", "modular_tau_by_rho.png"],
+        [
+            "adaptive",
+            *(
+                f"{row}_{metric}"
+                for metric in ("inv", "mix")
+                for row in ("geodesic", "first_order", "exact")
+            ),
+            "average",
+            "relative_flatness",
+        ],
+    ),
 }
 
 
@@ -209,6 +223,98 @@ def test_transformers_reuses_cache(quick, capsys):
     assert main([*args, "--n-iter", "1"]) == 0
     n = payload["n_models"]
     assert f"{n}/{n} models from the cache" in capsys.readouterr().out
+
+
+def test_modular_quick_fields(quick):
+    """Gap spread over noise from the members' own errors, Ψ per row, τ(ρ) with bands, shares."""
+    import numpy as np
+
+    _, d = quick("modular")
+    models, p = d["models"], d["task"]["p"]
+    assert len(models) == d["n_models"] >= 4
+    assert all(m["n_train"] + m["n_test"] == p * p for m in models)
+    gaps = np.array([m["test_error"] - m["train_error"] for m in models])
+    assert gaps == pytest.approx([m["gap"] for m in models], abs=1e-12)
+    e, n = np.mean([m["test_error"] for m in models]), min(m["n_test"] for m in models)
+    se = np.sqrt(e * (1 - e) / n)
+    assert d["binomial_se"] == pytest.approx(se, rel=1e-9)
+    assert d["gap_spread_over_noise"] == pytest.approx(np.std(gaps, ddof=1) / se, rel=1e-9)
+    rows = list(d["kendall_tau"])
+    for row in rows:
+        psi = d["granulated_tau"][row]
+        assert set(psi) == {"fraction", "weight_decay", "psi"}
+        if None not in psi.values():
+            assert psi["psi"] == pytest.approx((psi["fraction"] + psi["weight_decay"]) / 2)
+        tau, (lo, hi) = d["kendall_tau"][row], d["kendall_interval"][row]
+        if tau is not None:
+            assert -1.0 <= lo <= hi <= 1.0 and 0.0 <= d["p_value"][row] <= 1.0
+    # perturbation rows keep the second-order row's ball; relative flatness has none
+    for metric in ("inv", "mix"):
+        for kind in ("first_order", "exact"):
+            assert d["rho"][f"{kind}_{metric}"] == d["rho"][f"geodesic_{metric}"]
+    assert d["rho"]["relative_flatness"] is None
+    for row in ("adaptive", "geodesic_inv", "geodesic_mix", "average"):
+        assert d["rho"][row] == pytest.approx(d["calibration"][row]["rho"], rel=1e-12)
+    keys = [f"{f:.3g}" for f in d["grid_factors"]]
+    for row in ("adaptive", "geodesic_inv", "geodesic_mix"):
+        assert list(d["tau_by_rho"][row]) == keys
+        for k in keys:
+            lo, hi = d["tau_interval_by_rho"][row][k]
+            assert -1.0 <= lo <= hi <= 1.0
+    for row in ("geodesic_inv", "geodesic_mix"):
+        assert all(-1.0 < s < 1.0 for s in d["curvature_share_by_rho"][row].values())
+    assert d["failures"] == []
+
+
+def test_modular_task_and_model():
+    """Labels are (a + b) mod p, training sets are nested and hold the measurement batches, and
+    the symmetry search maps the attention's query-key and value-output GL blocks."""
+    import argparse
+
+    import torch
+
+    import quotientgeo
+    from quotientgeo.experiments.modular import config as modular_config
+    from quotientgeo.experiments.modular import task
+
+    for p, seed in [(7, 0), (13, 3), (31, 1)]:
+        t = task.Task(p, seed)
+        x, y = task.pairs(t)
+        assert len(set(map(tuple, x[:, :2].tolist()))) == p * p and (x[:, 2] == p).all()
+        assert torch.equal(y, (x[:, 0] + x[:, 1]) % p)
+    for quick in (True, False):
+        args = argparse.Namespace(
+            quick=quick, seed=2, target=1.0, n_iter=None, gaps_only=False, threads=1,
+            no_progress=True,
+        )  # fmt: skip
+        cfg = modular_config.config(args)
+        x, y = task.pairs(cfg.task)
+        smallest = task.n_train(cfg.task, min(cfg.size.fractions))
+        for bx, by in modular_config.batches(cfg):  # inside every member's training set
+            rows = [int(((x == token).all(1)).nonzero()) for token in bx]
+            assert max(rows) < smallest and torch.equal(by, y[rows])
+    geometry = quotientgeo.find_symmetries(task.ModularTransformer(11, width=16, heads=2))
+    assert {b.label for b in geometry.plan.blocks} == {"block.self_attn.QK", "block.self_attn.VO"}
+    assert all(kind.shape[-1] == 16 // 2 for kind in geometry.kinds)  # GL(h), h = width / heads
+
+
+def test_modular_figures_redraw_from_json(quick, tmp_path):
+    from quotientgeo.experiments import modular
+
+    out, payload = quick("modular")
+    drawn = modular.figures(payload, tmp_path)
+    assert [p.name for p in drawn] == ["modular_tau_by_rho.png", "modular.png"]
+    for p in drawn:
+        assert p.stat().st_size > 10_000 and (out / p.name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_modular_reuses_cache(quick, capsys):
+    out, payload = quick("modular")
+    args = ["reproduce", "modular", "--quick", "--no-progress", "--gaps-only", "--out", str(out)]
+    assert main(args) == 0
+    n = payload["n_models"]
+    assert f"{n}/{n} models from the cache" in capsys.readouterr().out
+    assert json.loads((out / "modular.json").read_text())["meta"] == payload["meta"]
 
 
 def test_toy_riemannian_quantities_are_invariant(quick):

@@ -6,7 +6,7 @@ into :mod:`quotientgeo.cli`.
 
 from __future__ import annotations
 
-from . import diagonal, invariance, rho_sweep, sam, toy, transformers
+from . import diagonal, invariance, modular, rho_sweep, sam, toy, transformers
 
 COMMANDS = {
     "diagonal": (diagonal.add_arguments, diagonal.run),
@@ -15,4 +15,5 @@ COMMANDS = {
     "transformers": (transformers.add_arguments, transformers.run),
     "rho-sweep": (rho_sweep.add_arguments, rho_sweep.run),
     "sam": (sam.add_arguments, sam.run),
+    "modular": (modular.add_arguments, modular.run),
 }

@@ -1,0 +1,93 @@
+r"""``quotientgeo reproduce modular``: sharpness vs generalization of transformers on modular
+addition, a population that runs from memorisation to full generalisation.
+
+- **population** (:mod:`.task`): one-layer transformers trained full batch on
+  ``(a, b, =) -> (a + b) mod p`` on a grid of training fraction × weight decay × seed; the
+  test set is every pair outside the member's training set, the gap is test minus train error.
+  The gaps' spread is printed before any sharpness, as ``gap_spread_over_noise``: the standard
+  deviation of the gaps over the binomial standard error ``sqrt(e(1-e)/n)`` of one member's test
+  error at the population's mean test error ``e`` and the smallest test set ``n``
+  (``--gaps-only`` stops there);
+- **data of every measure**: the first ``n_batches × batch`` pairs of the task's order, inside
+  every member's training set (the training sets are nested);
+- **precision**: members train in float32 and are measured in float64 (``measure_dtype``):
+  weight decay drives the attention's query and key factors close to rank loss, which float32
+  cannot resolve;
+- **radii**: adaptive, geodesic inv, geodesic mix (second order) and average sharpness each
+  have a ball whose ``ρ₁`` is calibrated on the reference member (member 0) with
+  :func:`quotientgeo.calibrate_rho` (worst-case, or average, loss increase of ``--target``
+  nats); the first three are measured at ``ρ = f · ρ₁``, ``f`` on a half-decade grid (τ(ρ)),
+  every other row at ``f = 1`` only: first-order and exact geodesic moves (in the
+  second-order row's ball), average sharpness and relative flatness of the unembedding
+  ``head`` (no ball);
+- **statistics**: Kendall τ of every row with the gap, 90 % bootstrap band and p-value; the
+  granulated coefficient Ψ of Jiang et al. (2020) over the two hyper-parameter axes; τ(ρ);
+  the curvature share ``(S₂ - S₁) / S₂`` of second-order geodesic sharpness (median).
+
+Models are cached under ``--out/models``; the work is split over ``--workers`` processes;
+rank 0 writes ``modular.json``, ``modular.png`` (every row against the gap at ``f = 1``) and
+``modular_tau_by_rho.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .. import _common as C
+from ..pipeline import run_study
+from .analyse import analyse as _analyse
+from .collect import Records
+from .collect import collect as _collect
+from .config import Config
+from .config import config as make_config
+from .report import figures
+from .report import report as _report
+
+__all__ = ["STUDY", "add_arguments", "figures", "run"]
+
+
+class ModularStudy:
+    """The study's four steps (:class:`~..pipeline.Study`); ``--gaps-only`` stops after
+    training."""
+
+    name = "modular"
+
+    def config(self, args: argparse.Namespace) -> Config:
+        return make_config(args)
+
+    def collect(self, config: Config, population: C.Population, out: Path) -> Records | None:
+        return _collect(config, population, out)
+
+    def analyse(self, config: Config, records: Records | None) -> dict[str, Any] | None:
+        return None if records is None else _analyse(config, records)
+
+    def report(self, config: Config, analysis: dict[str, Any] | None, out: Path) -> dict:
+        return {} if analysis is None else _report(config, analysis, out)
+
+
+STUDY = ModularStudy()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    C.add_common_arguments(parser, "modular")
+    parser.add_argument("--n-iter", type=int, default=None, help="Auto-PGD iterations (20)")
+    parser.add_argument(
+        "--target", type=float, default=1.0, help="loss increase (nats) that calibrates ρ₁ (1)"
+    )
+    parser.add_argument(
+        "--gaps-only", action="store_true", help="train and print the gaps, measure nothing"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=None, help="local processes sharing the work (2; --quick: 1)"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process (1)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Transformers on modular addition (memorisation to generalisation): τ, Ψ, τ(ρ), flatness."""
+    workers = args.workers or (1 if args.quick else 2)
+    if workers > 1 and not C.under_torchrun():
+        return C.spawn(run, args, workers)
+    return run_study(STUDY, args)
