@@ -43,7 +43,7 @@ from ..pipeline import run_study
 from .analyse import Analysis
 from .analyse import analyse as _analyse
 from .collect import collect as _collect
-from .config import Config
+from .config import POPULATIONS, Config
 from .config import config as _config
 from .figures import figures
 from .records import Records
@@ -75,8 +75,20 @@ STUDY = TransformersStudy()
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     C.add_common_arguments(parser, "transformers")
-    parser.add_argument("--n-models", type=int, default=None, help="population size (40)")
-    parser.add_argument("--n-iter", type=int, default=None, help="Auto-PGD iterations (20)")
+    parser.add_argument(
+        "--population",
+        choices=POPULATIONS,
+        default=POPULATIONS[0],
+        help="grid: label noise × training-set size × seeds, the rest fixed (default); "
+        "random: random fine-tuning hyper-parameters (the first design)",
+    )
+    parser.add_argument("--n-models", type=int, default=None, help="random population's size (40)")
+    parser.add_argument(
+        "--seeds", type=int, default=None, help="grid population's seeds per cell (3)"
+    )
+    parser.add_argument(
+        "--n-iter", type=int, default=None, help="Auto-PGD iterations (grid: 12; random: 20)"
+    )
     parser.add_argument(
         "--target",
         type=float,
