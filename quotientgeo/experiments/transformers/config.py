@@ -36,7 +36,7 @@ class GridRecipe:
     the pool × replicate seeds, every other setting fixed; ``pool`` images of the digits 5–9
     train, the rest test."""
 
-    noise: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3)
+    noise: tuple[float, ...] = (0.0, 0.15, 0.3, 0.45)
     sizes: tuple[float, ...] = (1.0, 2 / 3, 1 / 3)
     seeds: int = 3
     steps: int = 600
