@@ -15,8 +15,8 @@ from quotientgeo.sharpness.flatness import RelativeFlatness
 from .. import _common as C
 from .. import _finetune, _vit
 from .analyse import best_factor, gap_spread_over_noise, grid_tau
-from .config import FIXED_FACTOR, MEASURES, Config, Row
-from .records import Calibrated, Measurement, Member, Records
+from .config import FIXED_FACTOR, MEASURES, Config
+from .records import Calibrated, Measurement, Member, Records, Row
 
 Plan = list[tuple[str, float, Row]]  # (row, factor, measure at its radius)
 
@@ -119,10 +119,10 @@ def collect(config: Config, population: C.Population, out: Path) -> Records:
 
     def calibrated(model) -> dict[str, Calibrated]:
         names, batches = config.calibrated, batches_of(0)
+        balls = [config.measures[n] for n in names]
+        assert all(isinstance(m, Measure) for m in balls)  # relative flatness has no ball
         with bar("calibrating ρ₁", len(population.mine(len(names)))) as b:
-            found = population.map(
-                lambda n: calibrate(model, batches, config, config.measures[n]), names, bar=b
-            )
+            found = population.map(lambda m: calibrate(model, batches, config, m), balls, bar=b)
         return dict(zip(names, found, strict=True))
 
     def measured(models: list, plan: Plan, desc: str) -> list[Measurement]:

@@ -7,9 +7,9 @@ import argparse
 import dataclasses
 
 from quotientgeo import Measure
-from quotientgeo.sharpness.flatness import RelativeFlatness
 
 from .. import _finetune
+from .records import Row
 
 POPULATIONS = ("grid", "random")  # the first is the default
 GRID = tuple(10 ** (k / 2) for k in range(-4, 3))  # f = 0.01 … 10, half-decade steps
@@ -119,9 +119,6 @@ class Size:
 
 
 QUICK_GRID_RECIPE = GridRecipe(noise=(0.0, 0.2, 0.4), sizes=(1.0, 0.5), seeds=1, steps=30)
-
-
-Row = Measure | RelativeFlatness
 
 
 def rows(
