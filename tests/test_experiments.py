@@ -32,9 +32,9 @@ EXPECTED = {
                 for metric in ("inv", "mix")
                 for row in ("geodesic", "first_order", "exact", "norm_adaptive")
             ),
-            "spectrum_s0.25",
             "spectrum_s0.5",
-            "spectrum_s0.75",
+            "average",
+            "relative_flatness",
         ],
     ),
     "rho-sweep": ("rho_sweep.json", ["rho_sweep.png"], None),
@@ -165,11 +165,24 @@ def test_invariance_quick_is_invariant(quick):
 
 
 def test_transformers_quick_fields(quick):
-    """τ across ρ, its bands, curvature shares, calibrated radii and both ablation radii."""
+    """The grid population (the default): gap spread, τ across ρ with bands, curvature shares,
+    calibrated radii, the ablation rows with bands at the fixed radius and the granulated τ."""
     _, d = quick("transformers")
     measures = ("adaptive", "geodesic_inv", "geodesic_mix")
     grid, n = d["grid_factors"], d["n_models"]
+    assert d["population"] == "grid" and d["axes"] == ["label_noise", "subset"]
     assert len(d["models"]) == n >= 5
+    # the grid: every (noise, size) cell once per seed
+    cells = {(m["label_noise"], m["subset"], m["seed"]) for m in d["models"]}
+    recipe = d["grid_recipe"]
+    assert len(cells) == n == len(recipe["noise"]) * len(recipe["sizes"]) * recipe["seeds"]
+    # gap spread over noise, recomputed from the models' errors
+    gaps = [m["gap"] for m in d["models"]]
+    p = sum(m["test_error"] for m in d["models"]) / n
+    std = math.sqrt(sum((g - sum(gaps) / n) ** 2 for g in gaps) / (n - 1))
+    noise = math.sqrt(p * (1 - p) / d["n_test"])
+    assert d["gap_spread_over_noise"] == pytest.approx(std / noise)
+    assert d["n_test"] == 896 - recipe["pool"] == d["models"][0]["n_test"]
     for m in measures:
         # ρ grid = factors times the measure's calibrated radius; τ(ρ) keyed by that grid
         rho1 = d["calibration"][m]["rho"]
@@ -178,6 +191,7 @@ def test_transformers_quick_fields(quick):
         for rho, tau in d["tau_by_rho"][m].items():
             lo, hi = d["tau_interval_by_rho"][m][rho]
             assert -1.0 <= lo <= tau <= hi <= 1.0, (m, rho)
+        assert list(d["granulated_tau_by_rho"][m]) == list(d["tau_by_rho"][m])
         assert all(len(model["grid"][m]) == len(grid) for model in d["models"])
     # the curvature share is a fraction of the worst-case value, for both geodesic measures
     for m in ("geodesic_inv", "geodesic_mix"):
@@ -186,23 +200,46 @@ def test_transformers_quick_fields(quick):
     # every ball reaches the target on the reference model within the calibration tolerance
     for row, cal in d["calibration"].items():
         assert abs(cal["value"] - d["target_nats"]) <= 0.3 * d["target_nats"], row
+    assert "relative_flatness" not in d["calibration"] and "average" in d["calibration"]
     radii = d["radii"]
-    assert radii["fixed"]["factor"] == 1.0 and radii["best"]["factor"] in grid
+    assert list(radii) == ["fixed"] and radii["fixed"]["factor"] == 1.0
+    assert "kendall_tau_best" not in d
+    rho = radii["fixed"]["rho"]
+    for metric in ("inv", "mix"):  # perturbation ablations keep the geodesic row's ball
+        for row in ("first_order", "exact"):
+            assert rho[f"{row}_{metric}"] == rho[f"geodesic_{metric}"]
+    assert rho["no_symmetry"] == rho["adaptive"] and rho["relative_flatness"] is None
+    for model in d["models"]:  # symmetry off is adaptive sharpness, by construction
+        assert model["ablations"]["fixed"]["no_symmetry"] == model["ablations"]["fixed"]["adaptive"]
+        assert model["ablations"]["fixed"]["relative_flatness"] > 0
+    # every row: τ inside its band, a p-value, and the granulated τ per axis with Ψ their mean
+    assert set(d["tau_interval"]) == set(d["p_value"]) == set(d["kendall_tau"])
+    assert set(d["granulated_tau"]) == set(d["kendall_tau"])
+    for row, tau in d["kendall_tau"].items():
+        lo, hi = d["tau_interval"][row]
+        assert lo <= tau <= hi and 0.0 <= d["p_value"][row] <= 1.0, row
+        g = d["granulated_tau"][row]
+        assert set(g) == {"label_noise", "subset", "psi"}, row
+        assert g["psi"] == pytest.approx((g["label_noise"] + g["subset"]) / 2), row
+    assert d["failures"] == []
+
+
+def test_transformers_random_population_quick(tmp_path):
+    """The first design, kept as ``--population random``: both ablation radii, no axes."""
+    args = ["reproduce", "transformers", "--quick", "--no-progress", "--out", str(tmp_path)]
+    assert main([*args, "--population", "random"]) == 0
+    d = json.loads((tmp_path / "transformers.json").read_text())
+    assert d["population"] == "random" and d["axes"] == [] and d["granulated_tau"] == {}
+    assert (
+        set(d["radii"]) == {"fixed", "best"} and d["radii"]["best"]["factor"] in d["grid_factors"]
+    )
+    assert set(d["kendall_tau_best"]) == set(d["kendall_tau"]) >= {"spectrum_s0.25", "average"}
+    assert d["n_test"] == 448 and math.isfinite(d["gap_spread_over_noise"])
     taus = zip(
         *(d["tau_by_rho"][m].values() for m in ("geodesic_inv", "geodesic_mix")), strict=True
     )
     score = [-1.0 if None in t else (abs(t[0]) + abs(t[1])) / 2 for t in taus]  # None: undefined
-    assert score[grid.index(radii["best"]["factor"])] == max(score)
-    for name in ("fixed", "best"):
-        rho = radii[name]["rho"]
-        for metric in ("inv", "mix"):  # perturbation ablations keep the geodesic row's ball
-            for row in ("first_order", "exact"):
-                assert rho[f"{row}_{metric}"] == rho[f"geodesic_{metric}"]
-        assert rho["no_symmetry"] == rho["adaptive"]
-        for model in d["models"]:  # symmetry off is adaptive sharpness, by construction
-            assert model["ablations"][name]["no_symmetry"] == model["ablations"][name]["adaptive"]
-    assert set(d["kendall_tau_best"]) == set(d["kendall_tau"])
-    assert d["failures"] == []
+    assert score[d["grid_factors"].index(d["radii"]["best"]["factor"])] == max(score)
 
 
 def test_transformers_figures_redraw_from_json(quick, tmp_path):

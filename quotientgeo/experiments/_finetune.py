@@ -4,12 +4,16 @@ The paper's transformer populations are fine-tuned from one pretrained model wit
 hyper-parameters (CLIP on ImageNet, BERT on MNLI). The same recipe on scikit-learn's digits:
 
 - **pretraining task**: classify the digits 0–4 (all of their ~900 images, shift augmentation);
-- **held-out task**: classify the digits 5–9, whose images are split in half into a training
-  pool and a test set. Each member loads the pretrained encoder, gets a new 5-way head and is
-  fine-tuned (AdamW, cosine decay) on the first ``subset`` fraction of the pool with random
-  learning rate, weight decay, epochs, batch size, label smoothing and augmentation;
-- **sharpness data**: the first ``n_batches × batch`` images of the pool, a fixed set of
-  batches inside every member's training subset.
+- **held-out task**: classify the digits 5–9, whose images are split into a training pool
+  (half of them, or ``pool`` images) and a test set (the rest). Each member loads the
+  pretrained encoder, gets a new 5-way head and is fine-tuned (AdamW, cosine decay) on the
+  first ``subset`` fraction of the pool, whose labels a fraction ``label_noise`` of are
+  replaced by a wrong class (:func:`training_labels`). Two populations: random learning rate,
+  weight decay, epochs, batch size, label smoothing, subset and augmentation
+  (:func:`population`), or a grid of label noise × training-set size × seed with the rest fixed
+  (:func:`grid_population`);
+- **sharpness data**: the first ``n_batches × batch`` images of the pool with the member's
+  own training labels, a fixed set of points inside every member's training subset.
 
 Models are cached on disk under keys that hash their whole recipe, so re-running a study only
 re-measures.
@@ -30,19 +34,23 @@ from . import _vit
 
 Tensor = torch.Tensor
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 PRETRAIN_CLASSES = (0, 1, 2, 3, 4)
 FINETUNE_CLASSES = (5, 6, 7, 8, 9)
 
 
-def tasks(seed: int) -> dict[str, Tensor]:
-    """Patch sequences and labels: ``pretrain`` (digits 0–4), ``train``/``test`` halves of the
-    digits 5–9 (labels 0–4), the training pool in a seeded random order."""
+def tasks(seed: int, pool: int | None = None) -> dict[str, Tensor]:
+    """Patch sequences and labels: ``pretrain`` (digits 0–4), a training pool of ``pool``
+    images of the digits 5–9 (half of them by default) and a test set of the rest (labels
+    0–4), in a seeded random order."""
     x, y = _vit.digits()
     pre = torch.isin(y, torch.tensor(PRETRAIN_CLASSES))
     fine = torch.isin(y, torch.tensor(FINETUNE_CLASSES)).nonzero().squeeze(1)
     fine = fine[torch.randperm(len(fine), generator=torch.Generator().manual_seed(seed))]
-    train, test = fine[: len(fine) // 2], fine[len(fine) // 2 :]
+    cut = len(fine) // 2 if pool is None else pool
+    if not 0 < cut < len(fine):
+        raise ValueError(f"pool must be in (0, {len(fine)}), got {pool}")
+    train, test = fine[:cut], fine[cut:]
     offset = FINETUNE_CLASSES[0]
     return {
         "x_pretrain": x[pre],
@@ -54,9 +62,14 @@ def tasks(seed: int) -> dict[str, Tensor]:
     }
 
 
-def sharpness_batches(data: dict[str, Tensor], n_batches: int, batch: int) -> list:
-    """The fixed training batches every measure uses: the pool's first ``n_batches·batch``."""
-    x, y = data["x_train"], data["y_train"]
+def sharpness_batches(
+    data: dict[str, Tensor], n_batches: int, batch: int, labels: Tensor | None = None
+) -> list:
+    """The fixed training batches every measure uses: the pool's first ``n_batches·batch``
+    images, with ``labels`` (a member's :func:`training_labels`; default the clean ones)."""
+    x, y = data["x_train"], data["y_train"] if labels is None else labels
+    if n_batches * batch > len(y):
+        raise ValueError(f"{n_batches}×{batch} sharpness samples but only {len(y)} labels")
     return [
         (x[i * batch : (i + 1) * batch], y[i * batch : (i + 1) * batch]) for i in range(n_batches)
     ]
@@ -89,6 +102,20 @@ class FineTuning:
     subset: float  # fraction of the training pool, its first entries
     augment: str
     seed: int
+    label_noise: float = 0.0  # fraction of the pool whose training label is a wrong class
+
+
+def training_labels(cfg: FineTuning, y: Tensor) -> Tensor:
+    """The pool labels ``y`` as member ``cfg`` is trained on: point ``i`` gets a wrong class
+    (uniform among the other four) where ``u_i < cfg.label_noise``, with ``u_i`` uniform and
+    the wrong class both drawn from a generator seeded by ``cfg.seed`` over the whole pool, so
+    the corrupted points of a larger noise level contain those of a smaller one, and a subset
+    (the pool's first entries) keeps the labels it has in the full pool."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    u = torch.rand(len(y), generator=gen)
+    shift = torch.randint(1, len(FINETUNE_CLASSES), (len(y),), generator=gen)
+    wrong = (y + shift) % len(FINETUNE_CLASSES)
+    return torch.where(u < cfg.label_noise, wrong, y)
 
 
 def population(n_models: int, seed: int, *, quick: bool = False) -> list[FineTuning]:
@@ -108,6 +135,45 @@ def population(n_models: int, seed: int, *, quick: bool = False) -> list[FineTun
         )
         for i in range(n_models)
     ]
+
+
+def grid_population(
+    seed: int,
+    noise: tuple[float, ...],
+    sizes: tuple[float, ...],
+    seeds: int,
+    *,
+    steps: int,
+    lr: float,
+    weight_decay: float,
+    batch_size: int,
+    pool: int,
+) -> list[FineTuning]:
+    """The grid ``noise × sizes × range(seeds)``, seed-major then size then noise (member 0:
+    ``noise[0]``, ``sizes[0]``, replicate 0); every member gets ``lr``, ``weight_decay``,
+    ``batch_size``, no label smoothing nor augmentation and the epochs that make about
+    ``steps`` optimizer steps on its subset of the ``pool``. Replicate ``r`` has the seed
+    ``1000·seed + r`` in every cell (head initialisation, batch order and the noisy labels of
+    :func:`training_labels`), so two cells of a replicate differ only in their axes."""
+    recipes = []
+    for r in range(seeds):
+        for subset in sizes:
+            per_epoch = math.ceil(math.ceil(subset * pool) / batch_size)
+            for eta in noise:
+                recipes.append(
+                    FineTuning(
+                        lr=lr,
+                        weight_decay=weight_decay,
+                        epochs=max(1, round(steps / per_epoch)),
+                        batch_size=batch_size,
+                        label_smoothing=0.0,
+                        subset=subset,
+                        augment="none",
+                        seed=1000 * seed + r,
+                        label_noise=eta,
+                    )
+                )
+    return recipes
 
 
 def _key(*parts) -> str:
@@ -159,9 +225,10 @@ def finetuned(
     cfg: FineTuning, base: dict, pre: Pretraining, data: dict[str, Tensor], cache: Path
 ) -> tuple[_vit.DigitsViT, dict]:
     """Member ``cfg`` fine-tuned from ``base`` (:func:`pretrained`) and its errors: train error on
-    its own training subset, test error on the test set, ``gap = test - train``."""
+    its own training subset with its own (noisy) labels, test error on the test set,
+    ``gap = test - train``; also the train error on the clean labels and the test set size."""
     n = math.ceil(cfg.subset * len(data["y_train"]))
-    x, y = data["x_train"][:n], data["y_train"][:n]
+    x, y = data["x_train"][:n], training_labels(cfg, data["y_train"])[:n]
 
     def build() -> _vit.DigitsViT:
         return _vit.DigitsViT(pre.width, pre.heads, pre.layers, classes=len(FINETUNE_CLASSES))
@@ -190,10 +257,14 @@ def finetuned(
             "test_error": test_error,
             "gap": test_error - train_error,
             "n_train": n,
+            "n_test": len(data["y_test"]),
+            "clean_train_error": _vit.error(model, x, data["y_train"][:n]),
         }
         return {"state_dict": model.state_dict(), "metrics": metrics}
 
-    blob, cached = _cached(cache / f"finetuned-{_key(cfg, base['key'])}.pt", make)
+    blob, cached = _cached(
+        cache / f"finetuned-{_key(cfg, base['key'], len(data['y_train']))}.pt", make
+    )
     model = build()
     model.load_state_dict(blob["state_dict"])
     model.eval()

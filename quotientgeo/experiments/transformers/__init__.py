@@ -3,26 +3,35 @@ population, across the radius ``ρ``.
 
 The paper's study (section 5.3, Table 1, Appendix G) at laptop scale, in the paper's regime:
 
-- **population**: one small ViT pretrained on the digits 0–4, fine-tuned ``--n-models`` times on
-  the held-out digits 5–9 with random learning rate, weight decay, epochs, batch size, label
-  smoothing, training subset and augmentation (:mod:`._finetune`); the generalization gap is
-  test error minus train error;
-- **data of every measure**: the same fixed training batches (inside every member's subset);
-- **radii**: each measure with its own ball (adaptive, geodesic inv and mix, and the ablations
-  that change the ball) is calibrated on a reference member (member 0) with
-  :func:`quotientgeo.calibrate_rho`: ``ρ₁`` is the radius at which its worst-case loss increase
-  is ``--target`` nats (1). The study runs on the grid ``ρ = f · ρ₁`` with
-  ``f ∈ 10^{-2}, 10^{-1.5}, …, 10^{1}``, from first-order sharpness to several nats;
+- **population**: one small ViT pretrained on the digits 0–4 and fine-tuned on the held-out
+  digits 5–9 (:mod:`._finetune`); the generalization gap is test error minus train error (on
+  the member's own, possibly noisy, training labels). ``--population grid`` (the default): label
+  noise ``η ∈ {0, 0.15, 0.3, 0.45}`` × training-set size ``{1, 2/3, 1/3}`` of a 384-image
+  pool × ``--seeds`` (3), everything else fixed, tested on the other 512 images; its
+  ``gap_spread_over_noise`` (gap standard deviation over the binomial standard error of one
+  test error) is printed before any sharpness. ``--population random`` (the first design):
+  ``--n-models`` (40) recipes with random learning rate, weight decay, epochs, batch size,
+  label smoothing, training subset and augmentation, tested on 448 images;
+- **data of every measure**: the same fixed training points (inside every member's subset),
+  with each member's own training labels;
+- **radii**: each measure with its own ball (adaptive, geodesic inv and mix, average
+  sharpness, and the ablations that change the ball) is calibrated on a reference member
+  (member 0) with :func:`quotientgeo.calibrate_rho`: ``ρ₁`` is the radius at which its loss
+  increase is ``--target`` nats (1). The study runs on the grid ``ρ = f · ρ₁`` with
+  ``f ∈ 10^{-1}, 10^{-0.5}, …, 10^{1}`` (random population: from ``10^{-2}``);
 - **τ(ρ)**: Kendall τ of each measure with the gap at every grid point, with a bootstrap band
   over models, and the *curvature share* of geodesic sharpness: ``(S₂ - S₁) / S₂`` with ``S₂``
   the second-order value and ``S₁`` the loss increase at the first-order move ``x + ξ*`` of the
-  same maximiser ``ξ*`` (population median);
-- **ablations** at two radii, ``f = 1`` (fixed in advance: the ``--target`` radius) and the grid
-  point where geodesic sharpness predicts best (largest mean ``|τ|`` of inv and mix): symmetry
-  off (``symmetries=None``, which is adaptive sharpness exactly), first-order, second-order and
-  exact perturbation (same ball as the second-order row), adaptive instead of Riemannian norm,
-  and the metric spectrum ``(1-s)·inv + s·mix``; rows with their own ball use ``f`` times their
-  own calibrated ``ρ₁``.
+  same maximiser ``ξ*`` (population median); on the grid population also the granulated τ of
+  Jiang et al. per axis and its mean ``Ψ``;
+- **ablations** at ``f = 1`` (fixed in advance: the ``--target`` radius; the random population
+  also at the grid point where geodesic sharpness predicts best, largest mean ``|τ|`` of inv
+  and mix): symmetry off (``symmetries=None``, which is adaptive sharpness exactly),
+  first-order, second-order and exact perturbation (same ball as the second-order row),
+  adaptive instead of Riemannian norm, the metric spectrum ``(1-s)·inv + s·mix``, average
+  sharpness and relative flatness of the classifier head (no radius); rows with their own ball
+  use ``f`` times their own calibrated ``ρ₁``. Every row gets τ, its bootstrap band and
+  p-value.
 
 The study is a pipeline (:mod:`..pipeline`): :mod:`.config` (sizes and the measure of every
 row), :mod:`.collect` (typed records, :mod:`.records`), :mod:`.analyse` (statistics from the
@@ -30,7 +39,7 @@ records only) and :mod:`.report` (tables, JSON, :mod:`.figures`). Models are cac
 ``--out/models``, so re-running only re-measures. The work is split over
 ``--workers`` local processes (2 by default, one per core of a laptop; ``--quick``: 1), or over
 the ranks of ``torchrun --nproc_per_node N``; rank 0 writes ``transformers.json``,
-``transformers.png`` (sharpness vs gap at both radii) and ``tau_by_rho.png``.
+``transformers.png`` (sharpness vs gap at each ablation radius) and ``tau_by_rho.png``.
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ from ..pipeline import run_study
 from .analyse import Analysis
 from .analyse import analyse as _analyse
 from .collect import collect as _collect
-from .config import Config
+from .config import POPULATIONS, Config
 from .config import config as _config
 from .figures import figures
 from .records import Records
@@ -75,8 +84,20 @@ STUDY = TransformersStudy()
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     C.add_common_arguments(parser, "transformers")
-    parser.add_argument("--n-models", type=int, default=None, help="population size (40)")
-    parser.add_argument("--n-iter", type=int, default=None, help="Auto-PGD iterations (20)")
+    parser.add_argument(
+        "--population",
+        choices=POPULATIONS,
+        default=POPULATIONS[0],
+        help="grid: label noise × training-set size × seeds, the rest fixed (default); "
+        "random: random fine-tuning hyper-parameters (the first design)",
+    )
+    parser.add_argument("--n-models", type=int, default=None, help="random population's size (40)")
+    parser.add_argument(
+        "--seeds", type=int, default=None, help="grid population's seeds per cell (3)"
+    )
+    parser.add_argument(
+        "--n-iter", type=int, default=None, help="Auto-PGD iterations (grid: 12; random: 20)"
+    )
     parser.add_argument(
         "--target",
         type=float,

@@ -1,6 +1,7 @@
-"""Statistics of the transformers study, from its records only: Kendall τ with the gap across ρ
-with bootstrap bands and p-values, median sharpness, curvature share, the best radius and the
-ablation table at the fixed and the best radius."""
+"""Statistics of the transformers study, from its records only: the gap spread over test-set
+noise, Kendall τ with the gap across ρ with bootstrap bands and p-values, median sharpness,
+curvature share, the ablation table (τ, band, p-value) at the fixed radius (and the best one,
+for the random population) and, on the grid population, the granulated τ and Ψ."""
 
 from __future__ import annotations
 
@@ -32,10 +33,32 @@ class Analysis:
     median: dict[str, list[float]]  # median sharpness over the members
     share: dict[str, list[float]]  # median curvature share (S₂ - S₁) / S₂ of GEODESIC
     radii: dict[str, float]
-    rho: dict[str, dict[str, float]]  # radius -> row -> ρ
+    rho: dict[str, dict[str, float]]  # radius -> row -> ρ (NaN: relative flatness)
     at: dict[str, dict[str, list[float]]]  # radius -> row -> value of every member
     kendall: dict[str, dict[str, tuple[float, float]]]  # radius -> row -> (τ, p-value)
+    interval: dict[str, dict[str, tuple[float, float]]]  # radius -> row -> 90 % band of τ
+    gap_spread_over_noise: float
+    granulated: dict[str, dict[str, float]]  # row -> axis -> τ, and "psi"; at the fixed radius
+    granulated_by_rho: dict[str, list[dict[str, float]]]  # measure -> grid factor -> as above
     failures: list[str]
+
+
+def gap_spread_over_noise(metrics: Sequence[dict]) -> float:
+    """Standard deviation of the members' gaps over the binomial standard error of one member's
+    test error at the population's mean test error, ``sqrt(p̄(1 - p̄) / n_test)``."""
+    gaps = [m["gap"] for m in metrics]
+    p = statistics.mean(m["test_error"] for m in metrics)
+    n_test = metrics[0]["n_test"]
+    noise = math.sqrt(p * (1 - p) / n_test)
+    return statistics.stdev(gaps) / noise if noise > 0 and len(gaps) > 1 else math.nan
+
+
+def grid_keys(config: Config, records: Records) -> list[dict[str, float | int]]:
+    """Every member's grid axes and seed, the groups of :func:`~.._common.granulated_tau`."""
+    return [
+        {**{a: getattr(m.recipe, a) for a in config.axes}, "seed": m.recipe.seed}
+        for m in records.members
+    ]
 
 
 def median(values: Iterable[float]) -> float:
@@ -85,6 +108,12 @@ def curvature_share(grid: Grid, m: str, i: int) -> float:
     return median((c.value - c.first_order_value) / c.value for c in cells if c.value > 0)
 
 
+def radius(config: Config, row: str, factor: float, rho1: dict[str, float]) -> float:
+    """``ρ = factor · ρ₁`` of ``row``'s ball; NaN for a row without one (relative flatness)."""
+    ball = config.ball[row]
+    return math.nan if ball is None else factor * rho1[ball]
+
+
 def analyse(config: Config, records: Records) -> Analysis:
     """The study's statistics (module docstring)."""
     size, rho1 = config.size, records.rho1
@@ -99,7 +128,9 @@ def analyse(config: Config, records: Records) -> Analysis:
         ]
         for m in MEASURES
     }
-    radii = {"fixed": FIXED_FACTOR, "best": best_factor(tau, size.grid)}
+    radii = {"fixed": FIXED_FACTOR}
+    if size.best_radius:
+        radii["best"] = best_factor(tau, size.grid)
     by = records.lookup()
     at = {
         name: {
@@ -108,6 +139,14 @@ def analyse(config: Config, records: Records) -> Analysis:
         }
         for name, f in radii.items()
     }
+    keys, axes = grid_keys(config, records), config.axes
+
+    def granulated(values: list[float]) -> dict[str, float]:
+        return C.granulated_tau(values, gap, keys, axes) if axes else {}
+
+    def interval(values: list[float]) -> tuple[float, float]:
+        return C.kendall_interval(values, gap, resamples=size.resamples, seed=config.seed)
+
     return Analysis(
         records=records,
         gap=gap,
@@ -120,10 +159,16 @@ def analyse(config: Config, records: Records) -> Analysis:
         share={m: [curvature_share(grid, m, i) for i in span] for m in GEODESIC},
         radii=radii,
         rho={
-            name: {row: f * rho1[config.ball[row]] for row in config.measures}
+            name: {row: radius(config, row, f, rho1) for row in config.measures}
             for name, f in radii.items()
         },
         at=at,
         kendall={name: {row: C.kendall(v, gap) for row, v in at[name].items()} for name in radii},
+        interval={name: {row: interval(v) for row, v in at[name].items()} for name in radii},
+        gap_spread_over_noise=gap_spread_over_noise([m.metrics for m in records.members]),
+        granulated={row: granulated(v) for row, v in at["fixed"].items()} if axes else {},
+        granulated_by_rho={m: [granulated(column(grid, m, i)) for i in span] for m in MEASURES}
+        if axes
+        else {},
         failures=[m.failure for m in records.measurements if m.failure],
     )

@@ -1,5 +1,6 @@
-"""The expensive part of the transformers study: train (or load) the population, calibrate every
-ball on member 0, measure the τ(ρ) grid, then the ablations at the fixed and the best radius."""
+"""The expensive part of the transformers study: train (or load) the population, print its gap
+spread over test-set noise, calibrate every ball on member 0, measure the τ(ρ) grid, then the
+ablations at the fixed radius (and at the best one, for the random population)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,28 @@ from pathlib import Path
 from typing import Any
 
 from quotientgeo import Measure
+from quotientgeo.sharpness.flatness import RelativeFlatness
 
 from .. import _common as C
 from .. import _finetune, _vit
-from .analyse import best_factor, grid_tau
+from .analyse import best_factor, gap_spread_over_noise, grid_tau
 from .config import FIXED_FACTOR, MEASURES, Config
-from .records import Calibrated, Measurement, Member, Records
+from .records import Calibrated, Measurement, Member, Records, Row
 
-Plan = list[tuple[str, float, Measure]]  # (row, factor, measure at its radius)
+Plan = list[tuple[str, float, Row]]  # (row, factor, measure at its radius)
 
 
-def measure(model, batches, member: int, row: str, factor: float, m: Measure) -> Measurement:
-    """One measurement of ``model``, or a failed one if it raised ``ValueError``."""
+def measure(model, batches, member: int, row: str, factor: float, m: Row) -> Measurement:
+    """One measurement of ``model``, or a failed one if it raised ``ValueError``; relative
+    flatness has no radius nor first-order value (NaN)."""
     try:
+        if isinstance(m, RelativeFlatness):
+            flat = m.evaluate(model, _vit.cross_entropy, batches, progress=False)
+            return Measurement(member, row, factor, m, flat.value, float("nan"))
         result = m.evaluate(model, _vit.cross_entropy, batches, progress=False, distributed="off")
     except ValueError as err:
-        return Measurement.failed(member, row, factor, m, f"{row} at rho={m.rho:.4g}: {err}")
+        where = f" at rho={m.rho:.4g}" if isinstance(m, Measure) else ""
+        return Measurement.failed(member, row, factor, m, f"{row}{where}: {err}")
     return Measurement(member, row, factor, m, result.value, result.first_order_value)
 
 
@@ -87,10 +94,15 @@ def collect(config: Config, population: C.Population, out: Path) -> Records:
     models are cached under ``out / "models"``."""
     started, timer, size = time.perf_counter(), _Timer(), config.size
     cache, seed = out / "models", config.seed
-    data = _finetune.tasks(seed)
+    data = _finetune.tasks(seed, config.pool)
     pre = _finetune.Pretraining(width=size.width, epochs=size.pretrain_epochs, seed=seed)
-    recipes = _finetune.population(size.n_models, seed, quick=config.quick)
-    batches = _finetune.sharpness_batches(data, size.n_batches, size.batch)
+    recipes = config.recipes()
+
+    def batches_of(k: int) -> list:
+        """The fixed measurement points with member ``k``'s training labels."""
+        labels = _finetune.training_labels(recipes[k], data["y_train"])
+        return _finetune.sharpness_batches(data, size.n_batches, size.batch, labels)
+
     share_of = len(population.mine(size.n_models))
     show = config.progress and population.is_reporter
 
@@ -106,16 +118,17 @@ def collect(config: Config, population: C.Population, out: Path) -> Records:
         return base, fine
 
     def calibrated(model) -> dict[str, Calibrated]:
-        names = config.calibrated
+        names, batches = config.calibrated, batches_of(0)
+        balls = [config.measures[n] for n in names]
+        assert all(isinstance(m, Measure) for m in balls)  # relative flatness has no ball
         with bar("calibrating ρ₁", len(population.mine(len(names)))) as b:
-            found = population.map(
-                lambda n: calibrate(model, batches, config, config.measures[n]), names, bar=b
-            )
+            found = population.map(lambda m: calibrate(model, batches, config, m), balls, bar=b)
         return dict(zip(names, found, strict=True))
 
     def measured(models: list, plan: Plan, desc: str) -> list[Measurement]:
         def one(item: tuple[int, Any]) -> list[Measurement]:
             k, model = item
+            batches = batches_of(k)
             return [measure(model, batches, k, row, f, m) for row, f, m in plan]
 
         with bar(desc, share_of) as b:
@@ -125,13 +138,18 @@ def collect(config: Config, population: C.Population, out: Path) -> Records:
     with C.threads(config.threads):
         base, fine = timer("training", train)
         models = [model for model, _ in fine]
+        if population.is_reporter:  # before any sharpness: can this population answer?
+            spread = gap_spread_over_noise([metrics for _, metrics in fine])
+            print(f"gap spread over test-set noise: {spread:.2f}", flush=True)
         calibration = timer("calibration", lambda: calibrated(models[0]))
         rho1 = {row: c.rho for row, c in calibration.items()}
         grid = grid_plan(config, rho1)
         on_grid = timer("grid", lambda: measured(models, grid, "τ(ρ) grid"))
         gap = [metrics["gap"] for _, metrics in fine]
-        best = best_factor(grid_tau(config, rho1, gap, on_grid), config.size.grid)
-        factors = sorted({FIXED_FACTOR, best})
+        factors = [FIXED_FACTOR]
+        if size.best_radius:
+            best = best_factor(grid_tau(config, rho1, gap, on_grid), config.size.grid)
+            factors = sorted({FIXED_FACTOR, best})
         extra = ablation_plan(config, rho1, factors, grid)
         desc = f"ablations at f = {', '.join(f'{f:.3g}' for f in factors)}"
         ablations = timer("ablations", lambda: measured(models, extra, desc))

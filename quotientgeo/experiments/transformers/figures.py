@@ -20,35 +20,51 @@ def _number(value) -> float:
     return math.nan if value is None else float(value)
 
 
+SCATTERED = (*MEASURES, "average", "relative_flatness")  # the columns of transformers.png
+
+
 def scatter_figure(payload: dict, path: Path) -> Path:
-    """Sharpness vs gap of the three measures, one row per distinct radius, coloured by the
-    members' augmentation."""
+    """Sharpness vs gap of the τ(ρ) measures, average sharpness and relative flatness, one row
+    per distinct radius, coloured by the members' label noise (grid population) or
+    augmentation (random population)."""
     from matplotlib.ticker import NullFormatter
 
     plt = C.pyplot()
     models, radii = payload["models"], payload["radii"]
-    taus = {"fixed": payload["kendall_tau"], "best": payload["kendall_tau_best"]}
+    taus = {"fixed": payload["kendall_tau"], "best": payload.get("kendall_tau_best")}
     rows: dict[float, list[str]] = {}
     for name, radius in radii.items():
         rows.setdefault(radius["factor"], []).append(name)
-    augments = sorted({r["augment"] for r in models})
-    fig, axes = plt.subplots(len(rows), 3, figsize=(13, 3.8 * len(rows)), squeeze=False)
+    colour = "label_noise" if payload.get("population") == "grid" else "augment"
+    groups = sorted({r[colour] for r in models})
+    columns = [m for m in SCATTERED if m in payload["kendall_tau"]]
+    fig, axes = plt.subplots(
+        len(rows), len(columns), figsize=(4.3 * len(columns), 3.8 * len(rows)), squeeze=False
+    )
     for r, (factor, names) in enumerate(rows.items()):
         name = names[0]
-        for c, m in enumerate(MEASURES):
+        for c, m in enumerate(columns):
             ax = axes[r][c]
-            for augment in augments:
-                mine = [k for k in models if k["augment"] == augment]
+            for group in groups:
+                mine = [k for k in models if k[colour] == group]
                 x = [_number(k["ablations"][name][m]) for k in mine]
-                ax.scatter(x, [k["gap"] for k in mine], s=18, alpha=0.8, label=augment)
+                ax.scatter(
+                    x,
+                    [k["gap"] for k in mine],
+                    s=18,
+                    alpha=0.8,
+                    label=f"{group:g}" if isinstance(group, float) else group,
+                )
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(NullFormatter())
-            ax.set_xlabel(f"{m.replace('_', ' ')} sharpness (ρ = {radii[name]['rho'][m]:.3g})")
+            rho = radii[name]["rho"][m]
+            where = "" if rho is None else f" (ρ = {rho:.3g})"
+            ax.set_xlabel(f"{m.replace('_', ' ')}{where}")
             ax.set_title(
                 f"{' = '.join(names)} radius, f = {factor:.3g}: τ = {_number(taus[name][m]):+.2f}"
             )
         axes[r][0].set_ylabel("gap (test - train error)")
-    axes[0][0].legend(title="augmentation", fontsize=8)
+    axes[0][0].legend(title=colour.replace("_", " "), fontsize=8)
     fig.suptitle(f"{len(models)} ViTs fine-tuned on digits 5–9 from one pretrained model")
     fig.tight_layout()
     return C.save_figure(fig, path)

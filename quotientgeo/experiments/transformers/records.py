@@ -7,8 +7,11 @@ import math
 from typing import Any
 
 from quotientgeo import Measure
+from quotientgeo.sharpness.flatness import RelativeFlatness
 
 from .._finetune import FineTuning
+
+Row = Measure | RelativeFlatness  # what a table row measures
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,13 +45,13 @@ class Measurement:
     member: int
     row: str
     factor: float
-    measure: Measure
+    measure: Row
     value: float
     first_order_value: float
     failure: str | None = None
 
     @classmethod
-    def failed(cls, member: int, row: str, factor: float, measure: Measure, reason: str):
+    def failed(cls, member: int, row: str, factor: float, measure: Row, reason: str):
         return cls(member, row, factor, measure, math.nan, math.nan, reason)
 
 
@@ -69,6 +72,6 @@ class Records:
     def rho1(self) -> dict[str, float]:
         return {row: c.rho for row, c in self.calibration.items()}
 
-    def lookup(self) -> dict[tuple[int, Measure], Measurement]:
+    def lookup(self) -> dict[tuple[int, Row], Measurement]:
         """``{(member, measure): measurement}``."""
         return {(m.member, m.measure): m for m in self.measurements}

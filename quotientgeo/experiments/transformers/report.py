@@ -50,22 +50,52 @@ def print_grid(config: Config, a: Analysis) -> None:
     )
 
 
-def print_ablations(config: Config, a: Analysis) -> None:
-    """The ablation rows' τ and p-value at both radii, the paper's numbers, failures, gaps."""
-    fixed, best = a.kendall["fixed"], a.kendall["best"]
+def print_granulated(config: Config, a: Analysis) -> None:
+    """The granulated τ per axis and Ψ of every row at the fixed radius and of the τ(ρ)
+    measures at every grid factor (grid population only)."""
+    if not config.axes:
+        return
+    axes = [*config.axes, "psi"]
     C.print_table(
-        f"Ablations (Kendall τ with the gap; p-value): fixed radius f = {a.radii['fixed']:.3g}, "
-        f"best radius f = {a.radii['best']:.3g} (ρ = f·ρ₁ of the row's ball)",
-        ["row", "ρ fixed", "τ fixed", "p", "ρ best", "τ best", "p"],
+        f"Granulated Kendall τ (Jiang et al. 2020) at f = {a.radii['fixed']:.3g}: τ within groups "
+        "that differ only in one axis (same seed), averaged; Ψ = mean over the axes",
+        ["row", *axes],
+        [[row, *(a.granulated[row][x] for x in axes)] for row in config.measures],
+    )
+    C.print_table(
+        "Ψ across ρ",
+        ["ρ/ρ₁", *MEASURES],
+        [
+            [f"{f:.3g}", *(a.granulated_by_rho[m][i]["psi"] for m in MEASURES)]
+            for i, f in enumerate(config.size.grid)
+        ],
+    )
+
+
+def print_ablations(config: Config, a: Analysis) -> None:
+    """The ablation rows' τ, band and p-value at each radius, the paper's numbers, failures,
+    gaps and their spread over test-set noise."""
+    headers, names = ["row"], list(a.radii)
+    for name in names:
+        headers += [f"ρ {name}", f"τ {name} [90 % band]", "p"]
+    C.print_table(
+        "Ablations (Kendall τ with the gap; p-value): "
+        + ", ".join(f"{name} radius f = {f:.3g}" for name, f in a.radii.items())
+        + " (ρ = f·ρ₁ of the row's ball; relative flatness has none)",
+        headers,
         [
             [
                 row,
-                f"{a.rho['fixed'][row]:.3g}",
-                fixed[row][0],
-                f"{fixed[row][1]:.1e}",
-                f"{a.rho['best'][row]:.3g}",
-                best[row][0],
-                f"{best[row][1]:.1e}",
+                *(
+                    cell
+                    for name in names
+                    for cell in (
+                        f"{a.rho[name][row]:.3g}",
+                        f"{a.kendall[name][row][0]:+.3f} [{a.interval[name][row][0]:+.2f}, "
+                        f"{a.interval[name][row][1]:+.2f}]",
+                        f"{a.kendall[name][row][1]:.1e}",
+                    )
+                ),
             ]
             for row in config.measures
         ],
@@ -83,8 +113,8 @@ def print_ablations(config: Config, a: Analysis) -> None:
         )
     cached = sum(member.metrics["cached"] for member in a.records.members)
     print(
-        f"gaps from {min(a.gap):.3f} to {max(a.gap):.3f}; "
-        f"{cached}/{config.size.n_models} models from the cache"
+        f"gaps from {min(a.gap):.3f} to {max(a.gap):.3f}, spread over test-set noise "
+        f"{a.gap_spread_over_noise:.2f}; {cached}/{config.size.n_models} models from the cache"
     )
 
 
@@ -122,8 +152,19 @@ def payload(config: Config, a: Analysis) -> dict[str, Any]:
     def taus(name: str, i: int) -> dict[str, Any]:
         return {row: C.finite_or_none(t[i]) for row, t in a.kendall[name].items()}
 
+    def finite(tree: dict[str, float]) -> dict[str, Any]:
+        return {k: C.finite_or_none(v) for k, v in tree.items()}
+
+    best = {}
+    if "best" in a.radii:
+        best = {"kendall_tau_best": taus("best", 0), "p_value_best": taus("best", 1)}
     return {
         "command": "transformers",
+        "population": config.population,
+        "grid_recipe": None if config.recipe is None else dataclasses.asdict(config.recipe),
+        "axes": list(config.axes),
+        "gap_spread_over_noise": C.finite_or_none(a.gap_spread_over_noise),
+        "n_test": a.records.members[0].metrics["n_test"],
         "quick": config.quick,
         "seed": config.seed,
         "n_models": size.n_models,
@@ -146,12 +187,20 @@ def payload(config: Config, a: Analysis) -> dict[str, Any]:
         "median_sharpness_by_rho": {m: by_rho(m, a.median[m]) for m in MEASURES},
         "curvature_share_by_rho": {m: by_rho(m, a.share[m]) for m in a.share},
         "radii": {
-            name: {"factor": f, "how": HOW[name], "rho": a.rho[name]} for name, f in a.radii.items()
+            name: {"factor": f, "how": HOW[name], "rho": finite(a.rho[name])}
+            for name, f in a.radii.items()
         },
         "kendall_tau": taus("fixed", 0),
         "p_value": taus("fixed", 1),
-        "kendall_tau_best": taus("best", 0),
-        "p_value_best": taus("best", 1),
+        "tau_interval": {
+            row: [C.finite_or_none(v) for v in band] for row, band in a.interval["fixed"].items()
+        },
+        **best,
+        "granulated_tau": {row: finite(g) for row, g in a.granulated.items()},
+        "granulated_tau_by_rho": {
+            m: {key(r): finite(g) for r, g in zip(a.rho_grid[m], gs, strict=True)}
+            for m, gs in a.granulated_by_rho.items()
+        },
         "failures": a.failures,
         "paper": PAPER,
         "pretrained": records.pretrained,
@@ -166,6 +215,7 @@ def report(config: Config, analysis: Analysis, out: Path) -> dict[str, Any]:
     ``tau_by_rho.png``; returns the JSON payload."""
     print_grid(config, analysis)
     print_ablations(config, analysis)
+    print_granulated(config, analysis)
     data = payload(config, analysis)
     C.write_json(out / "transformers.json", data)
     figures(data, out)
