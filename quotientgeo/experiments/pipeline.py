@@ -17,12 +17,13 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from . import _common as C
 
-__all__ = ["Study", "run_study"]
+__all__ = ["Study", "add_workers_argument", "run_study", "run_with_workers"]
 
 Config = TypeVar("Config")
 Records = TypeVar("Records")
@@ -52,3 +53,24 @@ def run_study(study: Study[Any, Any, Any], args: argparse.Namespace) -> int:
         if population.is_reporter:
             study.report(config, study.analyse(config, records), out)
     return 0
+
+
+def add_workers_argument(parser: argparse.ArgumentParser) -> None:
+    """``--workers N``: local processes sharing a study's work (default 2; ``--quick``: 1)."""
+    parser.add_argument(
+        "--workers", type=int, default=None, help="local processes sharing the work (2; --quick: 1)"
+    )
+
+
+def run_with_workers(
+    entry: Callable[[argparse.Namespace], int],
+    study: Study[Any, Any, Any],
+    args: argparse.Namespace,
+) -> int:
+    """:func:`run_study` in ``args.workers`` local processes (a gloo group, as ``torchrun``
+    makes), unless this process already is one rank of a launch; ``entry`` is the command's
+    module-level ``run``, which every spawned process calls again."""
+    workers = args.workers or (1 if args.quick else 2)
+    if workers > 1 and not C.under_torchrun():
+        return C.spawn(entry, args, workers)
+    return run_study(study, args)

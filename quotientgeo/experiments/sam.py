@@ -35,7 +35,7 @@ from ..bench.sam import step_times
 from ..optim.training import METHODS, make_optimizer, train_step
 from . import _common as C
 from . import _vit
-from .pipeline import run_study
+from .pipeline import add_workers_argument, run_with_workers
 
 NOISE = (0.0, 0.2, 0.4)
 #: the ρ grid of each SAM-type method (ASAM's adaptive ball is larger at equal ρ)
@@ -406,14 +406,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=5, help="test seeds per method and η (5)")
     parser.add_argument("--epochs", type=int, default=60, help="training epochs (60)")
     parser.add_argument("--rounds", type=int, default=20, help="timing rounds (20)")
-    parser.add_argument(
-        "--workers", type=int, default=None, help="local processes sharing the work (2; --quick: 1)"
-    )
+    add_workers_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Test accuracy under label noise and time per step of AdamW, SAM, ASAM, geodesic SAM."""
-    workers = args.workers or (1 if args.quick else 2)
-    if workers > 1 and not C.under_torchrun():
-        return C.spawn(run, args, workers)
-    return run_study(STUDY, args)
+    return run_with_workers(run, STUDY, args)

@@ -39,7 +39,7 @@ import argparse
 from pathlib import Path
 
 from .. import _common as C
-from ..pipeline import run_study
+from ..pipeline import add_workers_argument, run_with_workers
 from .analyse import Analysis
 from .analyse import analyse as _analyse
 from .collect import collect as _collect
@@ -112,15 +112,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--n-models", type=int, default=None, help="size of the init population (50)"
     )
     parser.add_argument("--n-iter", type=int, default=None, help="Auto-PGD iterations (100)")
-    parser.add_argument(
-        "--workers", type=int, default=None, help="local processes sharing the work (2; --quick: 1)"
-    )
+    add_workers_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Diagonal networks (paper §5.1, Fig. 3): Kendall τ of sharpness vs gap across ρ, on a
     population that varies α and one that varies only SGD noise."""
-    workers = args.workers or (1 if args.quick else 2)
-    if workers > 1 and not C.under_torchrun():
-        return C.spawn(run, args, workers)
-    return run_study(STUDY, args)
+    return run_with_workers(run, STUDY, args)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _common as C
-from ..pipeline import run_study
+from ..pipeline import add_workers_argument, run_with_workers
 from .analyse import analyse as _analyse
 from .collect import Records
 from .collect import collect as _collect
@@ -79,15 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gaps-only", action="store_true", help="train and print the gaps, measure nothing"
     )
-    parser.add_argument(
-        "--workers", type=int, default=None, help="local processes sharing the work (2; --quick: 1)"
-    )
+    add_workers_argument(parser)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process (1)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Transformers on modular addition (memorisation to generalisation): τ, Ψ, τ(ρ), flatness."""
-    workers = args.workers or (1 if args.quick else 2)
-    if workers > 1 and not C.under_torchrun():
-        return C.spawn(run, args, workers)
-    return run_study(STUDY, args)
+    return run_with_workers(run, STUDY, args)

@@ -32,6 +32,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .._vit import cross_entropy, error  # the loss of every measure; the error of a split
+
 Tensor = torch.Tensor
 
 CACHE_VERSION = 1
@@ -77,18 +79,6 @@ class ModularTransformer(nn.Module):
     def forward(self, tokens: Tensor) -> Tensor:
         h = self.block(self.embed(tokens) + self.pos)
         return self.head(self.norm(h[:, -1]))
-
-
-def cross_entropy(model: nn.Module, batch) -> Tensor:
-    """Mean cross-entropy of a ``(tokens, labels)`` batch (the loss of every measure)."""
-    x, y = batch
-    return F.cross_entropy(model(x), y)
-
-
-@torch.no_grad()
-def error(model: nn.Module, x: Tensor, y: Tensor) -> float:
-    model.eval()
-    return float((model(x).argmax(1) != y).float().mean())
 
 
 @dataclass(frozen=True)

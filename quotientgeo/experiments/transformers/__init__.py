@@ -48,7 +48,7 @@ import argparse
 from pathlib import Path
 
 from .. import _common as C
-from ..pipeline import run_study
+from ..pipeline import add_workers_argument, run_with_workers
 from .analyse import Analysis
 from .analyse import analyse as _analyse
 from .collect import collect as _collect
@@ -104,15 +104,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="loss increase (nats) that calibrates ρ₁ of every measure (1)",
     )
-    parser.add_argument(
-        "--workers", type=int, default=None, help="local processes sharing the work (2; --quick: 1)"
-    )
+    add_workers_argument(parser)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process (1)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Fine-tuned ViT population (§5.3, App. G): Kendall τ across ρ, curvature share, ablations."""
-    workers = args.workers or (1 if args.quick else 2)
-    if workers > 1 and not C.under_torchrun():
-        return C.spawn(run, args, workers)
-    return run_study(STUDY, args)
+    return run_with_workers(run, STUDY, args)
