@@ -2,12 +2,13 @@
 
 The geometry of a GL kind factorizes the Gram matrices ``GᵀG`` and ``HᵀH`` of every head; a
 rank-deficient (or non-finite) factor makes a factorization fail deep inside the manifold,
-with a message that cannot say where the factor came from. :class:`Diagnosis` holds the
-gathered points of one model and turns such a failure into a ``ValueError`` that names the
-block label, the layer, the head and the parameters at fault, checking every head of every
-kind at once. It costs nothing until something fails, except :meth:`Diagnosis.check_finite`
-(one reduction per point tensor and one host synchronisation), which callers run once per
-call where non-finite weights must be told apart from rank deficiency before anything fails.
+with a message that cannot say where the factor came from. :class:`Diagnosis` gathers the
+points of one model when a failure needs explaining and turns it into a ``ValueError`` that
+names the block label, the layer, the head and the parameters at fault, checking every head of
+every kind at once. It costs nothing until something fails, except
+:meth:`Diagnosis.check_finite` (one reduction per parameter and one host synchronisation),
+which callers run once per call where non-finite weights must be told apart from rank
+deficiency before anything fails.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import contextlib
 import dataclasses
 import math
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -90,12 +91,14 @@ def _heads(locations: list[HeadLocation]) -> str:
 
 
 class Diagnosis:
-    """The gathered points of a model, kept to explain failures of its geometry.
+    """The points of a model, gathered when a failure needs explaining.
 
     Args:
         geometry: the model's :class:`~quotientgeo.geometry.ParameterGeometry`.
-        manifolds: one manifold per kind, as used (``geometry.manifolds(metric, eps=eps)``).
-        points: the kinds' points and ``w`` the adaptive vector (``geometry.gather()``).
+        manifolds: one manifold per kind, as used.
+        gather: ``gather() -> (points, w)``, the kinds' points and the adaptive vector
+            (``geometry.gather()``), called once, on the first failure to explain; ``None``
+            where gathering is not possible (a sharded model): failures are then not located.
         restored: what the caller did with the model, ending every message (``"the model is
             restored"``).
     """
@@ -104,26 +107,47 @@ class Diagnosis:
         self,
         geometry: ParameterGeometry,
         manifolds: Sequence[QuotientManifold],
-        points: Sequence[Tensor],
-        w: Tensor,
+        gather: Callable[[], tuple[list[Tensor], Tensor]] | None,
         restored: str,
     ):
         self.geometry = geometry
         self.manifolds = list(manifolds)
-        self.points = list(points)
-        self.w = w
+        self._gather = gather
+        self._gathered: tuple[list[Tensor], Tensor] | None = None
         self.restored = restored
 
+    @property
+    def points(self) -> list[Tensor]:
+        return self._read()[0]
+
+    @property
+    def w(self) -> Tensor:
+        return self._read()[1]
+
+    def _read(self) -> tuple[list[Tensor], Tensor]:
+        if self._gathered is None:
+            if self._gather is None:
+                raise RuntimeError("the points of a sharded model are not gathered")
+            self._gathered = self._gather()
+        return self._gathered
+
     # ------------------------------------------------------------------ non-finite weights
-    def check_finite(self) -> None:
-        """Raise the :meth:`non_finite` error if a point or ``w`` has a NaN or an infinity:
-        one ``aminmax`` per tensor, one host synchronisation."""
-        tensors = [t for t in (*self.points, self.w) if t.numel()]
-        if not tensors:
+    def check_finite(self, tensors: Mapping[str, Tensor] | None = None) -> None:
+        """Raise the :meth:`non_finite` error if a parameter (or its entry of ``tensors``, by
+        name: local parts on a sharded model, all ranks checking together) has a NaN or an
+        infinity: one ``aminmax`` per tensor, one host synchronisation."""
+        params = self.geometry.params
+        source = params if tensors is None else tensors
+        names = [n for n in params if source[n].numel()]
+        if not names:
             return
-        extremes = torch.stack([v for t in tensors for v in torch.aminmax(t.detach())])
-        if not bool(torch.isfinite(extremes).all()):
-            raise self.non_finite()
+        extremes = torch.stack([torch.stack(torch.aminmax(source[n].detach())) for n in names])
+        finite = torch.isfinite(extremes).all(-1).to(torch.int32)
+        if self._gather is None:  # sharded: every rank learns of a non-finite entry anywhere
+            torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
+        if not bool(finite.all()):
+            bad = [n for n, ok in zip(names, finite.tolist(), strict=True) if not ok]
+            raise self.non_finite(bad)
 
     def non_finite_heads(self) -> list[HeadLocation]:
         """Every head (batch entry of a kind) with a non-finite entry, kind by kind, its
@@ -144,11 +168,18 @@ class Diagnosis:
                 found.append(dataclasses.replace(loc, params=tuple(names)))
         return found
 
-    def non_finite(self) -> ValueError:
-        """The error naming the parameters with non-finite entries and, where they are in
-        symmetry blocks, the blocks, layers and heads."""
+    def non_finite(self, names: list[str] | None = None) -> ValueError:
+        """The error naming the parameters with non-finite entries (``names``, default: found
+        here) and, where they are in symmetry blocks, the blocks, layers and heads."""
         plan = self.geometry.plan
-        names = [n for n, p in self.geometry.params.items() if not _finite(p)]
+        if names is None:
+            names = [n for n, p in self.geometry.params.items() if not _finite(p)]
+        if self._gather is None:  # sharded: the parameters only
+            return ValueError(
+                f"non-finite weights (NaN or Inf) in {len(names)} parameter(s):\n"
+                f"{_listed(names)}\n"
+                f"sharpness and geodesic steps need finite weights; {self.restored}"
+            )
         heads = self.non_finite_heads()
         rest = set()
         if self.w.numel():
@@ -208,6 +239,8 @@ class Diagnosis:
         parameters), with the dtype, the worst condition number and the remedies (heads of
         other manifolds: their point check's reason); ``None`` when every head passes (or the
         heads cannot be examined)."""
+        if self._gather is None:
+            return None
         try:
             found = [f for ki in range(len(self.points)) for f in self._deficient(ki)]
         except Exception:  # the diagnosis must never hide the failure it explains
@@ -253,7 +286,7 @@ class Diagnosis:
         algebra (a ``LinAlgError``, or a ``ValueError`` of the manifolds): non-finite heads
         first, then rank-deficient ones. ``None`` when ``err`` did not come from there or no
         weight is at fault (then ``err`` stands as it is)."""
-        if not isinstance(err, Exception) or not _from_geometry(err):
+        if not isinstance(err, Exception) or not _from_geometry(err) or self._gather is None:
             return None
         try:
             if self.non_finite_heads():

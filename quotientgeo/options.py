@@ -61,8 +61,10 @@ class Norm(Option):
 
 class Distributed(Option):
     """How a measurement spreads over the ranks of a ``torch.distributed`` process group
-    (:mod:`quotientgeo.sharpness.ranks`)."""
+    (:mod:`quotientgeo.sharpness.ranks`). ``AUTO``: ``SPLIT_BATCH`` for a model sharded over
+    the ranks (FSDP2), ``BATCHES`` otherwise."""
 
+    AUTO = "auto"
     BATCHES = "batches"
     SPLIT_BATCH = "split_batch"
     OFF = "off"

@@ -1,28 +1,62 @@
-"""Perturbations of a model's parameters in its parameter geometry, kind by kind.
+"""Perturbations of a model's parameters in its parameter geometry, part by part.
 
-Shared by the sharpness measures (the Auto-PGD maximiser) and the sharpness-aware optimizer:
-each :class:`PerturbationSpace` holds one kind's manifold at a cached base point, the move that
-applies a tangent vector (second-order, first-order or exact geodesic step) and the metric of
-the ball.
+Shared by the sharpness measures (the Auto-PGD maximiser) and the sharpness-aware optimizer.
+Tangent vectors live in parameter coordinates, as an optimizer keeps its state: one tensor per
+trainable parameter, or its local part for a parameter sharded over ranks
+(:mod:`quotientgeo.geometry.shards`). The geometry works on parts of them, so that no step holds
+more than a part of the model in the compute dtype at a time:
+
+- a :class:`BlockChunk`: consecutive symmetry blocks of one kind (a few layers' heads), read
+  from parameter tensors as points ``(heads, Σk, h)`` and written back into them; the blocks of
+  a sharded parameter are read whole (an all-gather of those parameters, never of the model);
+- a :class:`RestPiece`: a slice of one parameter's entries in the adaptive rest, a view where
+  the parameter is wholly adaptive.
+
+:class:`Perturbations` lists the parts of a geometry; a part at a base point is a
+:class:`PerturbationSpace`: its manifold at the cached point, the map that applies a tangent
+vector (second-order, first-order or exact geodesic step) and the metric of the ball.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import itertools
+import math
+from collections.abc import Iterator, Mapping
 
 import torch
+from torch import nn
 
-from .options import Perturbation
+from .geometry import ParameterGeometry
+from .geometry import shards as sh
+from .geometry.transfer import gather_blocks, write_blocks_
+from .manifolds import AdaptiveGeometry, QuotientManifold
+from .options import Norm, Perturbation
 
 Tensor = torch.Tensor
 
-__all__ = ["MOVES", "PerturbationSpace", "move_of"]
+__all__ = [
+    "MOVES",
+    "BlockChunk",
+    "PerturbationSpace",
+    "Perturbations",
+    "RestPiece",
+    "move_of",
+]
 
 MOVES = {
     Perturbation.SECOND_ORDER: "expmap2",
     Perturbation.FIRST_ORDER: "retr",
     Perturbation.EXACT: "expmap",
 }
+
+#: Entries of a parameter in one :class:`RestPiece` (and one piece of an element-wise pass).
+PIECE = 2**22
+#: A :class:`BlockChunk` holds at most this fraction of the parameters' bytes (in the compute
+#: dtype), and at least one block.
+CHUNK_FRACTION = 1 / 32
+MIN_CHUNK_BYTES = 2**22
 
 
 def move_of(manifold, perturbation: Perturbation | str) -> str:
@@ -35,7 +69,7 @@ def move_of(manifold, perturbation: Perturbation | str) -> str:
 
 
 class PerturbationSpace:
-    """Perturbations of one kind of points at a base point ``x``, through the manifold API only.
+    """Perturbations of one part at a base point ``x``, through the manifold API only.
 
     ``manifold`` carries the perturbation (``move``: one of its ``expmap2``, ``retr``,
     ``expmap`` at the cached base point; ``first_order``: its ``retr``, whatever ``move`` is)
@@ -47,6 +81,7 @@ class PerturbationSpace:
     def __init__(self, manifold, x: Tensor, move: str, ball):
         self.manifold = manifold
         self.point = manifold.at(x)
+        self.linear = move == "retr"
         self.move = functools.partial(getattr(manifold, move), self.point)
         self.first_order = functools.partial(manifold.retr, self.point)  # ``x + ξ``
         self.ball = ball
@@ -61,13 +96,279 @@ class PerturbationSpace:
             return self.manifold.egrad2rgrad(self.point, d)
         return self.manifold.proju(self.point, self.ball.egrad2rgrad(self.ball_point, d))
 
+    def pullback(self, xi: Tensor, d: Tensor) -> Tensor:
+        """``J(ξ)ᵀ d``: the gradient with respect to ``ξ`` of a function of ``move(ξ)`` whose
+        gradient there is ``d`` (the map's vector-Jacobian product; ``d`` itself for ``x + ξ``)."""
+        if self.linear:
+            return d
+        with torch.enable_grad():
+            leaf = xi.detach().requires_grad_(True)
+            (out,) = torch.autograd.grad(self.move(leaf), leaf, d)
+        return out
+
     def sqnorm(self, c: Tensor) -> Tensor:
         return self.ball.inner(self.ball_point, c).sum()
 
-    def random(self, gen: torch.Generator) -> Tensor:
-        """Random horizontal direction, isotropic in the ball metric before the projection."""
-        if self.ball is self.manifold:
-            return self.manifold.random_tangent(self.point, generator=gen)
-        return self.manifold.proju(
-            self.point, self.ball.random_tangent(self.ball_point, generator=gen)
-        )
+    def inner(self, a: Tensor, b: Tensor) -> Tensor:
+        """``<a, b>`` in the ball metric, summed over the batch."""
+        if a is b:
+            return self.sqnorm(a)
+        return self.ball.inner(self.ball_point, a, b).sum()
+
+    def random(self, e: Tensor) -> Tensor:
+        """The horizontal direction of the standard Gaussian draw ``e`` (of the point's shape):
+        ``proj(T e)`` with ``Tᵀ M T = I`` in the ball metric, isotropic before the projection
+        (the ``random_tangent`` recipe of :class:`~quotientgeo.QuotientManifold`)."""
+        return self.manifold.proju(self.point, self.ball.isotropic(self.ball_point, e))
+
+
+class BlockChunk:
+    """Blocks ``plan.kinds[kind].blocks[i]``, ``i`` in ``blocks``: read and written together.
+
+    ``heads`` is the number of their points (batch entries of the kind, from ``offset`` on).
+    """
+
+    def __init__(
+        self,
+        geometry: ParameterGeometry,
+        kind: int,
+        blocks: range,
+        manifold: QuotientManifold,
+        move: str,
+        ball: QuotientManifold,
+    ):
+        plan = geometry.plan
+        k = plan.kinds[kind]
+        self.plan, self.kind, self.blocks = plan, kind, blocks
+        self.manifold, self.move, self.ball = manifold, move, ball
+        self.offset = sum(k.sizes[: blocks.start])
+        self.heads = k.batch if k.product is not None else sum(k.sizes[i] for i in blocks)
+        if k.product is not None:
+            names = [seg.span.name for seg in plan.segments[kind]]
+        else:
+            names = [r.name for i in blocks for r in plan.blocks[k.blocks[i]].regions]
+        self.params = {name: geometry.params[name] for name in dict.fromkeys(names)}
+        self.sharded = sh.sharded_parameters(self.params.values())
+
+    def _whole(self, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        return {name: sh.full(tensors[name], p) for name, p in self.params.items()}
+
+    def read(self, tensors: Mapping[str, Tensor], dtype: torch.dtype) -> Tensor:
+        """The chunk's points in ``tensors`` (parameter coordinates), a new tensor."""
+        return gather_blocks(self.plan, self.kind, self.blocks, self._whole(tensors), dtype)
+
+    @torch.no_grad()
+    def write_(self, tensors: Mapping[str, Tensor], points: Tensor) -> None:
+        """Write ``points`` into the chunk's entries of ``tensors``, in place."""
+        if not self.sharded:
+            write_blocks_(self.plan, self.kind, self.blocks, points, tensors)
+            return
+        whole = self._whole(tensors)
+        write_blocks_(self.plan, self.kind, self.blocks, points, whole)
+        for name, p in self.params.items():
+            tensors[name].copy_(sh.local_part(whole[name], p))
+
+    def space(self, x: Tensor) -> PerturbationSpace:
+        return PerturbationSpace(self.manifold, x, self.move, self.ball)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RestPiece:
+    """Entries ``start:stop`` of parameter ``name`` (its local part, flattened), those where
+    ``mask`` is true (``None``: all): a part of the adaptive rest, moved along straight lines."""
+
+    name: str
+    start: int
+    stop: int
+    mask: Tensor | None
+    manifold: QuotientManifold
+    sharded: bool = False
+
+    def _flat(self, t: Tensor) -> Tensor:
+        return (t.view(-1) if t.is_contiguous() else t.reshape(-1))[self.start : self.stop]
+
+    def read(self, tensors: Mapping[str, Tensor], dtype: torch.dtype) -> Tensor:
+        """The piece's entries of ``tensors``: a view where possible (do not write into it)."""
+        values = self._flat(tensors[self.name])
+        if self.mask is not None:
+            values = values[self.mask]
+        return values.to(dtype)
+
+    @torch.no_grad()
+    def write_(self, tensors: Mapping[str, Tensor], values: Tensor) -> None:
+        t = tensors[self.name]
+        if not t.is_contiguous():  # rare: write a whole copy back
+            flat = t.reshape(-1).clone()
+            dataclasses.replace(self).write_({self.name: flat}, values)
+            t.copy_(flat.view(t.shape))
+            return
+        piece = t.view(-1)[self.start : self.stop]
+        if self.mask is None:
+            piece.copy_(values)
+        else:
+            piece.masked_scatter_(self.mask, values.to(piece.dtype))
+
+    def space(self, x: Tensor) -> PerturbationSpace:
+        return PerturbationSpace(self.manifold, x, "retr", self.manifold)
+
+
+def pieces(n: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` ranges of at most :data:`PIECE` entries covering ``range(n)``."""
+    return [(a, min(a + PIECE, n)) for a in range(0, n, PIECE)] or [(0, 0)]
+
+
+class Perturbations:
+    """The parts of a model's parameter geometry, and the parameter tensors they live in.
+
+    Args:
+        geometry: the model's :class:`~quotientgeo.geometry.ParameterGeometry`; each kind is
+            perturbed on its declared manifold.
+        perturbation: the map of the symmetry blocks (``"default"``: the exact geodesic where
+            it is a closed form, else the second-order map).
+        norm: the ball's metric on the symmetry blocks (``"adaptive"``: the element-wise
+            metric on their points, perturbations kept horizontal).
+        rest: the geometry of the adaptive rest (element-wise adaptive; SAM's flat one).
+        chunk_bytes: the largest chunk of symmetry blocks, in bytes of the compute dtype
+            (``None``: :data:`CHUNK_FRACTION` of the parameters, at least
+            :data:`MIN_CHUNK_BYTES`, at least one block).
+
+    ``params`` are the trainable parameters by name; :meth:`local` gives their local parts
+    (the tensors that the parts read and write); ``chunks`` lists the chunks kind by kind,
+    ``rest`` the pieces of the adaptive rest in the order of ``geometry.gather``'s ``w``.
+    """
+
+    def __init__(
+        self,
+        geometry: ParameterGeometry,
+        perturbation: Perturbation | str,
+        norm: Norm | str = Norm.RIEMANNIAN,
+        *,
+        rest: QuotientManifold | None = None,
+        chunk_bytes: int | None = None,
+    ):
+        self.geometry = geometry
+        self.params: dict[str, nn.Parameter] = dict(geometry.params)
+        self.dtype = geometry.compute_dtype
+        self.sharded = sh.sharded_parameters(self.params.values())
+        plan = geometry.plan
+        size = torch.finfo(self.dtype).bits // 8
+        if chunk_bytes is None:
+            total = sum(p.numel() for p in self.params.values()) * size
+            chunk_bytes = max(int(total * CHUNK_FRACTION), MIN_CHUNK_BYTES)
+        self.chunks: list[list[BlockChunk]] = []
+        for ki, kind in enumerate(plan.kinds):
+            m = kind.manifold
+            ball = m if Norm(norm) == Norm.RIEMANNIAN else AdaptiveGeometry()
+            move = move_of(m, perturbation)
+            per_head = math.prod(kind.shape) * size
+            if kind.product is not None:
+                groups = [range(len(kind.blocks))]
+            else:
+                groups, start, used = [], 0, 0
+                for i, heads in enumerate(kind.sizes):
+                    if i > start and used + heads * per_head > chunk_bytes:
+                        groups.append(range(start, i))
+                        start, used = i, 0
+                    used += heads * per_head
+                groups.append(range(start, len(kind.sizes)))
+            self.chunks.append([BlockChunk(geometry, ki, g, m, move, ball) for g in groups])
+        self.rest_manifold = rest if rest is not None else geometry.rest_manifold()
+        self.rest: list[RestPiece] = []
+        for name in plan.rest_names:
+            mask = self._rest_mask(name)
+            p = self.params[name]
+            for a, b in pieces(sh.local(p).numel()):
+                piece_mask = None if mask is None else mask.view(-1)[a:b]
+                self.rest.append(
+                    RestPiece(name, a, b, piece_mask, self.rest_manifold, sh.is_sharded(p))
+                )
+
+    def _rest_mask(self, name: str) -> Tensor | None:
+        """The adaptive entries of a partly covered parameter (its local part, in its own
+        order); ``None`` for a wholly adaptive one."""
+        plan = self.geometry.plan
+        if name not in plan.partial:
+            return None
+        p = self.params[name]
+        view = plan.views[name]
+        mask = view.restore(plan.partial[name]).reshape(p.shape)
+        return sh.local_part(mask, p).contiguous()
+
+    # ------------------------------------------------------------------ parameter tensors
+    def local(self, tensors: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """The local parts of ``tensors`` (default: the parameters), detached: writing into
+        them writes into the tensors."""
+        source = self.params if tensors is None else tensors
+        return {name: sh.local(source[name]) for name in self.params}
+
+    def empty(self, names=None, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+        """New contiguous tensors shaped as the local parts of ``names`` (default: every
+        parameter), in each parameter's dtype unless ``dtype``."""
+        out = {}
+        for name in self.params if names is None else names:
+            part = sh.local(self.params[name])
+            out[name] = torch.empty(part.shape, dtype=dtype or part.dtype, device=part.device)
+        return out
+
+    @property
+    def symmetric_names(self) -> list[str]:
+        """Parameters (wholly or partly) in symmetry blocks."""
+        return self.geometry.symmetric_names
+
+    def all_chunks(self) -> Iterator[BlockChunk]:
+        for chunks in self.chunks:
+            yield from chunks
+
+    def parts(self) -> Iterator[BlockChunk | RestPiece]:
+        """Every part: the chunks kind by kind, then the pieces of the rest."""
+        yield from self.all_chunks()
+        yield from self.rest
+
+    def element_pieces(self, names=None) -> Iterator[tuple[str, int, int]]:
+        """``(name, start, stop)`` covering every entry of the local parts of ``names``
+        (default: every parameter), for element-wise passes."""
+        for name in self.params if names is None else names:
+            for a, b in pieces(sh.local(self.params[name]).numel()):
+                yield name, a, b
+
+    # ------------------------------------------------------------------ random draws
+    def random_parts(self, gen: torch.Generator) -> Iterator[tuple[BlockChunk | RestPiece, Tensor]]:
+        """Standard Gaussian draws ``(part, e)``, ``e`` of the part's point shape in the
+        compute dtype: one draw per kind over all its heads (in the order of the kinds), then
+        one over the whole adaptive vector ``w`` (as ``geometry.gather`` orders it), each cut
+        into the parts. The same generator gives the same draws whatever the chunk sizes or
+        the sharding."""
+        plan = self.geometry.plan
+        device = self.geometry.device
+        kw = {"generator": gen, "dtype": self.dtype, "device": device}
+        for kind, chunks in zip(plan.kinds, self.chunks, strict=True):
+            e = torch.randn((kind.batch, *kind.shape), **kw)
+            for chunk in chunks:
+                yield chunk, e[chunk.offset : chunk.offset + chunk.heads]
+        n_rest = sum(plan.adaptive_sizes)
+        if not n_rest:
+            return
+        flat = torch.randn(n_rest, **kw)
+        sizes = dict(zip(plan.rest_names, plan.adaptive_sizes, strict=True))
+        offsets = itertools.accumulate(plan.adaptive_sizes, initial=0)
+        starts = dict(zip(plan.rest_names, offsets, strict=False))
+        whole: dict[str, Tensor] = {}
+        for piece in self.rest:
+            if piece.name not in whole:
+                whole.clear()  # one parameter at a time
+                whole[piece.name] = self._rest_values(
+                    piece.name, flat[starts[piece.name] : starts[piece.name] + sizes[piece.name]]
+                )
+            yield piece, piece.read(whole, self.dtype)
+
+    def _rest_values(self, name: str, values: Tensor) -> Tensor:
+        """``values`` (the parameter's adaptive entries in ``w``'s order) placed in the local
+        part of parameter ``name`` (zeros at covered entries)."""
+        plan = self.geometry.plan
+        p = self.params[name]
+        if name not in plan.partial:
+            return sh.local_part(values.view(p.shape), p)
+        whole = torch.zeros(p.shape, dtype=values.dtype, device=values.device)
+        mask = plan.partial[name].to(values.device)
+        plan.views[name].edit_(whole, lambda m: m.masked_scatter_(mask, values))
+        return sh.local_part(whole, p)

@@ -12,19 +12,25 @@ __all__ = ["geometry_of"]
 
 
 def geometry_of(
-    model: nn.Module, symmetries, metric: str | float | None, *, warn_missing: bool
+    model: nn.Module,
+    symmetries,
+    metric: str | float | None,
+    *,
+    eps: float | None = None,
+    warn_missing: bool = True,
 ) -> ParameterGeometry:
-    """The geometry a measure uses, in the metric it declares.
+    """The geometry a measure or the optimizer uses, its manifolds resolved once.
 
     ``symmetries="auto"``: :func:`~quotientgeo.find_symmetries`, declared in ``metric`` when
     one is named; ``None``: every parameter adaptive; a :class:`ParameterGeometry`: as
     declared, and a ``metric`` that differs from a declared one is an error (the geometry's
-    :meth:`~ParameterGeometry.with_metric` measures it in another metric).
+    :meth:`~ParameterGeometry.with_metric` measures it in another metric). ``eps``, unless
+    ``None``, re-chooses the Gram relaxation of the kinds that have a metric.
     """
     if isinstance(symmetries, str) and symmetries == "auto":
         geometry = find_symmetries(model)
-        if metric is not None:
-            geometry = geometry.with_metric(metric)
+        if metric is not None or eps is not None:
+            geometry = geometry.with_metric(metric, eps=eps)
         if not geometry.kinds and warn_missing:
             warnings.warn(_nothing_found(model, geometry), UserWarning, stacklevel=4)
     elif symmetries is None:
@@ -40,6 +46,8 @@ def geometry_of(
                 "a geometry is measured in the metric it declares; pass metric=None, or "
                 f"symmetries=geometry.with_metric({metric!r}) to measure it in {metric!r}"
             )
+        if eps is not None:
+            geometry = geometry.with_metric(None, eps=eps)
     else:
         raise TypeError(
             f"symmetries must be 'auto', None or a ParameterGeometry, got {symmetries!r}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
 import sys
 
 import pytest
@@ -186,21 +187,29 @@ def test_an_exception_in_loss_fn_names_batch_and_iteration(fail_at):
     assert_same(before, snapshot(model))
 
 
-def test_a_half_precision_value_of_zero_is_flagged():
-    """A bf16 loss whose increase rounds to 0 does not pass for flatness."""
-    model = mlp(torch.bfloat16)
+@pytest.mark.parametrize(
+    ("dtype", "eps"), [(torch.bfloat16, "0.00781"), (torch.float16, "0.000977")]
+)
+def test_a_half_precision_value_below_the_resolution_is_flagged(dtype, eps):
+    """A half-precision loss whose increase is below its dtype's resolution does not pass for
+    flatness, and the warning names that dtype and its resolution."""
+    model = mlp(dtype)
 
-    def flat_loss(model, batch):  # a loss far above the perturbation's effect at bf16 resolution
+    def flat_loss(model, batch):  # a loss far above the perturbation's effect at its resolution
         return (
             mlp_loss(model, batch) * 0
-            + torch.tensor(300.0, dtype=torch.bfloat16)
-            + (model[0].weight.sum() * 1e-6).to(torch.bfloat16)
+            + torch.tensor(300.0, dtype=dtype)
+            + (model[0].weight.sum() * 1e-6).to(dtype)
         )
 
-    data = [(MLP_BATCH[0].bfloat16(), MLP_BATCH[1])]
-    with pytest.warns(UserWarning, match="below the resolution of its dtype"):
+    data = [(MLP_BATCH[0].to(dtype), MLP_BATCH[1])]
+    name = str(dtype).removeprefix("torch.")
+    expected = f"below the resolution of the loss of a {name} model.*eps = {eps}"
+    with pytest.warns(UserWarning, match=expected) as record:
         result = adaptive_sharpness(model, flat_loss, data, rho=1e-3, n_iter=2, progress=False)
-    assert result.value == 0.0
+    assert abs(result.value) < float(eps) * 300
+    other = r"\bfloat16" if name == "bfloat16" else "bfloat16"  # the other dtype
+    assert not any(re.search(other, str(w.message)) for w in record)
 
 
 def test_a_progress_bar_is_off_where_output_is_not_a_terminal(monkeypatch):

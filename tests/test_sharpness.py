@@ -548,13 +548,16 @@ def test_non_finite_loss_names_batch_and_iteration():
     before = snapshot(model)
     calls = {"n": 0}
 
-    def loss_fn(m, batch):
-        calls["n"] += 1
-        loss = classification_loss(m, batch)
-        return loss * float("nan") if calls["n"] == 10 + 4 else loss  # batch 1, iteration 3
+    batches = mlp_batches()
 
-    with pytest.raises(ValueError, match=r"non-finite loss \(nan\) on batch 1 at iteration 3"):
-        adaptive_sharpness(model, loss_fn, mlp_batches(), rho=0.1, n_iter=9, progress=False)
+    def loss_fn(m, batch):
+        calls["n"] += batch is batches[1]
+        loss = classification_loss(m, batch)
+        # batch 1, iteration 1 (before the first checkpoint, so before any restart)
+        return loss * float("nan") if calls["n"] == 2 else loss
+
+    with pytest.raises(ValueError, match=r"non-finite loss \(nan\) on batch 1 at iteration 1"):
+        adaptive_sharpness(model, loss_fn, batches, rho=0.1, n_iter=9, progress=False)
     assert_same(before, snapshot(model))
 
 

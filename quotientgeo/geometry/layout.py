@@ -84,6 +84,17 @@ class View:
         m = matrix.reshape(*lead, parts, units, R // (units * parts), C)
         return m.transpose(-4, -3).reshape(*lead, R, C)
 
+    def edit_(self, param: Tensor, change: Callable[[Tensor], object]) -> None:
+        """Change ``param`` in place through its matrix: ``change(matrix)`` writes into the
+        ``(R, C)`` matrix, a view of ``param`` where one exists (contiguous, rows in order),
+        else a copy that is written back."""
+        if self.interleave is None and param.is_contiguous():
+            change(param.view(self.shape))
+            return
+        matrix = self.matrix(param).clone()
+        change(matrix)
+        param.copy_(self.restore(matrix).reshape(param.shape))
+
 
 @dataclass(frozen=True)
 class Region:

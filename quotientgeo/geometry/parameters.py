@@ -221,22 +221,27 @@ class ParameterGeometry:
             raise ValueError(f"{label}: u has {sizes[0]} entries but v has {sizes[1]}")
         return self.add(RescaleQuotient(metric), u, v, label=label)
 
-    def with_metric(self, metric: str | float, *, eps: float | None = None) -> ParameterGeometry:
+    def with_metric(
+        self, metric: str | float | None, *, eps: float | None = None
+    ) -> ParameterGeometry:
         """A new geometry of the same model and blocks, each block's manifold replaced by
         ``manifold.with_metric(metric, eps=eps)``.
 
         That re-chooses the metric of GL pairs, their rotary subgroup (``"inv"``, ``"mix"`` or
-        ``s``) and re-scaling pairs (``"inv"``, ``"mix"``), and their Gram relaxation ``eps``
-        unless ``None``; manifolds whose metric is part of their definition (scales, products,
-        user-defined ones) are kept. The measures use a geometry's declared metrics: this is
-        how a study compares metrics on one model. ``self`` is unchanged.
+        ``s``) and re-scaling pairs (``"inv"``, ``"mix"``) (``None``: each keeps its own), and
+        their Gram relaxation ``eps`` unless ``None``; manifolds whose metric is part of their
+        definition (scales, products, user-defined ones) are kept. The measures use a
+        geometry's declared metrics: this is how a study compares metrics on one model.
+        ``self`` is unchanged.
         """
+
+        def replaced(m: QuotientManifold) -> QuotientManifold:
+            chosen = m.metric_name if metric is None else metric
+            return m if chosen is None else m.with_metric(chosen, eps=eps)
+
         new = copy.copy(self)
         new.layout = self.layout.copy()
-        new.blocks = [
-            dataclasses.replace(b, manifold=b.manifold.with_metric(metric, eps=eps))
-            for b in self.blocks
-        ]
+        new.blocks = [dataclasses.replace(b, manifold=replaced(b.manifold)) for b in self.blocks]
         new.products = list(self.products)  # the product metric Σ η²/x² is the only one
         new._plan = None
         return new

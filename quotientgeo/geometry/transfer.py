@@ -6,10 +6,11 @@ blocks cover parameters partially) and never writes to the model.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from .layout import View
 from .plan import Concat, Plan, Segment
 from .product import span_values
 
@@ -47,21 +48,10 @@ def gather(
         value = params[name].detach()
         return value if value.dtype == dtype else value.to(dtype)
 
-    points = []
-    for ki, kind in enumerate(plan.kinds):
-        if kind.product is not None:  # the union of the parts' entries, each once
-            values = []
-            for seg in plan.segments[ki]:
-                value = get(seg.span.name)
-                values.append(span_values(seg.span, value, _segment_mask(plan, seg, value.device)))
-            points.append(torch.cat(values).unsqueeze(0))  # a copy, never a view of a parameter
-            continue
-        parts = []
-        for bi in kind.blocks:
-            block = plan.blocks[bi]
-            rows = [r.to_factor(r.of(get(r.name)), block.heads) for r in block.regions]
-            parts.append(torch.cat(rows, dim=1))  # a copy, never a view of a parameter
-        points.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=0))
+    points = [
+        gather_blocks(plan, ki, range(len(kind.blocks)), params, dtype)
+        for ki, kind in enumerate(plan.kinds)
+    ]
     flat = [get(n).reshape(-1) for n in plan.adaptive_names]
     for name in plan.partial:
         value = get(name)
@@ -69,6 +59,63 @@ def gather(
         flat.append(plan.views[name].matrix(value)[mask])
     w = torch.cat(flat) if flat else torch.zeros(0, dtype=dtype, device=device)
     return points, w
+
+
+def gather_blocks(
+    plan: Plan, kind: int, blocks: range, tensors: Mapping[str, Tensor], dtype: torch.dtype
+) -> Tensor:
+    """The points of blocks ``plan.kinds[kind].blocks[i]`` for ``i`` in ``blocks``, read from
+    ``tensors`` (whole tensors by parameter name) in ``dtype``: ``(Σ heads, *shape)``, a new
+    tensor. A product kind is read whole (its point ``(1, D)``), whatever ``blocks`` says."""
+    k = plan.kinds[kind]
+    if k.product is not None:  # the union of the parts' entries, each once
+        values = []
+        for seg in plan.segments[kind]:
+            value = tensors[seg.span.name].detach()
+            mask = _segment_mask(plan, seg, value.device)
+            values.append(span_values(seg.span, value, mask).to(dtype))
+        return torch.cat(values).unsqueeze(0)  # a copy, never a view of a parameter
+    parts = []
+    for i in blocks:
+        block = plan.blocks[k.blocks[i]]
+        rows = [
+            r.to_factor(r.of(tensors[r.name].detach()), block.heads).to(dtype)
+            for r in block.regions
+        ]
+        parts.append(torch.cat(rows, dim=1))  # a copy, never a view of a parameter
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+
+@torch.no_grad()
+def write_blocks_(
+    plan: Plan, kind: int, blocks: range, points: Tensor, tensors: Mapping[str, Tensor]
+) -> None:
+    """Write ``points`` of the blocks that :func:`gather_blocks` reads into ``tensors`` (whole
+    tensors by parameter name), in place and cast to each tensor's dtype; entries the blocks do
+    not cover keep their values."""
+    k = plan.kinds[kind]
+    # per parameter: its view, and the writes into its (R, C) matrix
+    edits: dict[str, tuple[View, list[Callable[[Tensor], object]]]] = {}
+    if k.product is not None:
+        flat = points.reshape(-1)
+        for seg in plan.segments[kind]:
+            part = flat[seg.span.offset : seg.span.offset + seg.span.size]
+            mask = _segment_mask(plan, seg, part.device)
+            if mask is None:
+                put = lambda m, v=part: m.view(-1).copy_(v)  # noqa: E731
+            else:
+                put = lambda m, v=part, mask=mask: m.masked_scatter_(mask, v.to(m.dtype))  # noqa: E731
+            edits.setdefault(seg.span.name, (seg.span.view, []))[1].append(put)
+    else:
+        sizes = [k.sizes[i] for i in blocks]
+        chunks = torch.split(points, sizes) if len(sizes) > 1 else (points,)
+        for i, chunk in zip(blocks, chunks, strict=True):
+            block = plan.blocks[k.blocks[i]]
+            for r, value in zip(block.regions, _split_regions(chunk, block), strict=True):
+                put = lambda m, v=value, r=r: r.of_matrix(m).copy_(v)  # noqa: E731
+                edits.setdefault(r.name, (r.view, []))[1].append(put)
+    for name, (view, puts) in edits.items():
+        view.edit_(tensors[name], lambda m, puts=puts: [put(m) for put in puts])
 
 
 def _split_regions(y: Tensor, block) -> list[Tensor]:

@@ -32,11 +32,11 @@ from torch import nn
 
 from ..diagnosis import Diagnosis
 from ..geometry import ParameterGeometry
-from ..geometry.transfer import FlatIndex
+from ..geometry import shards as sh
 from ..linalg import tensor_sum
-from ..manifolds import AdaptiveGeometry, EuclideanGeometry, QuotientManifold
+from ..manifolds import EuclideanGeometry, QuotientManifold
 from ..options import Perturbation, checked_metric, option
-from ..perturbation import MOVES, PerturbationSpace, move_of
+from ..perturbation import Perturbations, RestPiece
 from ..symmetries import geometry_of
 from ..validation import positive_real
 
@@ -110,49 +110,38 @@ class GeodesicSAM(torch.optim.Optimizer):
         self.model = model
         self.variant = variant
         self.average_gradients = bool(average_gradients)
-        self.geometry: ParameterGeometry = self._geometry(model, variant, symmetries, metric)
+        self.geometry: ParameterGeometry = self._geometry(model, variant, symmetries, metric, eps)
         if not self.geometry.params:
             raise ValueError("the model has no trainable parameters (requires_grad=True)")
-        if variant == "geodesic":
-            self.manifolds: list[QuotientManifold] = self.geometry.manifolds(eps=eps)
-            self.rest: QuotientManifold = self.geometry.rest_manifold()
-        else:
-            self.manifolds = []
-            self.rest = EuclideanGeometry() if variant == "sam" else AdaptiveGeometry()
+        self.manifolds: list[QuotientManifold] = [k.manifold for k in self.geometry.kinds]
+        self.rest: QuotientManifold = (
+            EuclideanGeometry() if variant == "sam" else self.geometry.rest_manifold()
+        )
         self.perturbation: Perturbation = perturbation
+        self.space = Perturbations(self.geometry, perturbation, rest=self.rest)
         params = list(self.geometry.params.values())
         super().__init__(params, dict(rho=rho, **kwargs))
         self.base_optimizer: torch.optim.Optimizer = base_optimizer(self.param_groups, **kwargs)
         self.param_groups: list[dict[str, Any]] = self.base_optimizer.param_groups
         self.defaults.update(self.base_optimizer.defaults)
-        self._origin: list[Tensor] | tuple[Tensor, ...] | None = None
-        self._flat_index: FlatIndex | None = None
+        self._origin: dict[str, Tensor] | None = None
 
     @staticmethod
-    def _geometry(model, variant, symmetries, metric) -> ParameterGeometry:
+    def _geometry(model, variant, symmetries, metric, eps) -> ParameterGeometry:
         if variant != "geodesic":
             return ParameterGeometry(model)  # every parameter in the rest
         if (isinstance(symmetries, str) and symmetries == "auto") or isinstance(
             symmetries, ParameterGeometry
         ):
-            return geometry_of(model, symmetries, metric, warn_missing=False)
+            return geometry_of(model, symmetries, metric, eps=eps, warn_missing=False)
         raise TypeError(f"symmetries must be 'auto' or a ParameterGeometry, got {symmetries!r}")
 
     # ------------------------------------------------------------------ the two steps
-    def _index(self) -> FlatIndex:
-        """The geometry's gather as indexing into the flat parameters, built on first use (and
-        again if the parameters moved to another device)."""
-        params = self.geometry.params
-        first = next(iter(params.values()))
-        if self._flat_index is None or self._flat_index.index_w.device != first.device:
-            dtype = self.geometry.compute_dtype
-            self._flat_index = FlatIndex(self.geometry.plan, params, dtype)
-        return self._flat_index
-
     def _gradients(self) -> dict[str, Tensor]:
-        """The parameters' gradients by name (zeros where ``.grad`` is ``None``)."""
+        """The local parts of the parameters' gradients by name (zeros where ``.grad`` is
+        ``None``)."""
         return {
-            name: torch.zeros_like(p) if p.grad is None else p.grad
+            name: torch.zeros_like(sh.local(p)) if p.grad is None else sh.local(p.grad)
             for name, p in self.geometry.params.items()
         }
 
@@ -160,35 +149,50 @@ class GeodesicSAM(torch.optim.Optimizer):
     def first_step(self, zero_grad: bool = False) -> None:
         """Move the weights in place to the perturbed point ``γ_ξ(1)`` (module docstring).
 
-        A failure of the geometry at rank-deficient or non-finite weights raises a
+        Part by part (:mod:`quotientgeo.perturbation`): the Riemannian gradient of each part
+        and its square norm first, then, scaled to the radius, its geodesic step written into
+        the weights; the original weights are kept (one copy, the parameters' local parts). A
+        failure of the geometry at rank-deficient or non-finite weights raises a
         ``ValueError`` naming the block, layer, head and parameters; the weights and ``.grad``
         are then unchanged."""
         if self._origin is not None:
             raise RuntimeError("first_step was called twice; call second_step in between")
         if self.average_gradients:
             _average_gradients_(self.model, self.geometry.params.values())
-        index = self._index()
-        flat = index.flat(index.params)
-        points, w = index.gather(flat)
-        grad_points, grad_w = index.gather(index.flat(list(self._gradients().values())))
-        # a failure at rank-deficient or non-finite weights names them; nothing is written yet
-        diagnosis = Diagnosis(self.geometry, self.manifolds, points, w, "the weights are unchanged")
+        space, dtype = self.space, self.space.dtype
+        weights, grads = space.local(), self._gradients()
+        diagnosis = Diagnosis(
+            self.geometry,
+            self.manifolds,
+            None if space.sharded else lambda: self.geometry.gather(),
+            "the weights are unchanged",
+        )
+
+        def gradient(part, x: Tensor):
+            s = part.space(x)
+            return s, s.rgrad(part.read(grads, dtype))
+
         with diagnosis.located():
-            spaces = [
-                PerturbationSpace(m, x, move_of(m, self.perturbation), m)
-                for m, x in zip(self.manifolds, points, strict=True)
-            ]
-            spaces.append(
-                PerturbationSpace(self.rest, w, MOVES[Perturbation.FIRST_ORDER], self.rest)
-            )
-            xi = [s.rgrad(g) for s, g in zip(spaces, [*grad_points, grad_w], strict=True)]
-            norm = tensor_sum(s.sqnorm(v) for s, v in zip(spaces, xi, strict=True)).sqrt()
-            scale = self.param_groups[0]["rho"] / (norm + torch.finfo(norm.dtype).tiny)
-            moved = [s.move(v * scale) for s, v in zip(spaces, xi, strict=True)]
-        params: list[Tensor] = list(self.geometry.params.values())
-        # the weights as they are, one fused copy (torch's _foreach ops have no public names)
-        self._origin = torch._foreach_mul(params, 1)  # pyright: ignore[reportPrivateImportUsage]
-        index.assign_(flat, moved[:-1], moved[-1])
+            replicated, local = [], []
+            for part in space.parts():
+                s, g = gradient(part, part.read(weights, dtype))
+                sharded = isinstance(part, RestPiece) and part.sharded
+                (local if sharded else replicated).append(s.sqnorm(g))
+            norm = tensor_sum(replicated) if replicated else weights_zero(dtype, space)
+            if local:
+                shard = tensor_sum(local)
+                torch.distributed.all_reduce(shard)
+                norm = norm + shard
+            scale = self.param_groups[0]["rho"] / (norm.sqrt() + torch.finfo(norm.dtype).tiny)
+            # the weights as they are; then each part's step, read from them
+            self._origin = {name: t.clone() for name, t in weights.items()}
+            try:
+                for part in space.parts():
+                    s, g = gradient(part, part.read(self._origin, dtype))
+                    part.write_(weights, s.move(g * scale))
+            except BaseException:
+                self.restore()
+                raise
         if zero_grad:
             self.zero_grad()
 
@@ -213,8 +217,8 @@ class GeodesicSAM(torch.optim.Optimizer):
         :class:`~quotientgeo.integrations.transformers.SAMTrainer`."""
         if self._origin is None:
             raise RuntimeError("restore needs a first_step before it")
-        params: list[Tensor] = list(self.geometry.params.values())
-        torch._foreach_copy_(params, self._origin)  # pyright: ignore[reportPrivateImportUsage]
+        for name, t in self.space.local().items():
+            t.copy_(self._origin[name])
         self._origin = None
 
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor:
@@ -257,19 +261,21 @@ class GeodesicSAM(torch.optim.Optimizer):
         self.param_groups = self.base_optimizer.param_groups
 
 
+def weights_zero(dtype: torch.dtype, space: Perturbations) -> Tensor:
+    return torch.zeros((), dtype=dtype, device=space.geometry.device)
+
+
 def _average_gradients_(model: nn.Module, params) -> None:
-    """Average ``.grad`` over the ranks of an initialised process group (one all-reduce of a
-    flat buffer), unless ``model`` is a ``DistributedDataParallel`` that already did."""
+    """Average ``.grad`` over the ranks of an initialised process group (in place, one
+    all-reduce per gradient, issued together), unless ``model`` is a
+    ``DistributedDataParallel`` that already did."""
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return
     if isinstance(model, nn.parallel.DistributedDataParallel):
         return
     grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= dist.get_world_size()
-    for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
-        g.copy_(part.view_as(g))
+    for work in [dist.all_reduce(g, async_op=True) for g in grads]:
+        work.wait()  # pyright: ignore[reportOptionalMemberAccess]
+    for g in grads:
+        g.div_(dist.get_world_size())

@@ -1,16 +1,23 @@
 r"""Auto-PGD (Croce & Hein 2020; as in Andriushchenko et al. 2023) on a ball of tangent vectors.
 
-Maximises ``f(ξ)`` over ``||ξ||_x ≤ ρ`` from a start ``ξ_0``: step ``η = 2ρ``,
-``z = P_S(ξ_k + η g / ||g||)``, ``ξ_{k+1} = P_S(ξ_k + α (z - ξ_k) + (1-α)(ξ_k - ξ_{k-1}))`` with
-``α = 0.75`` (``ξ_1 = z``), ``g`` the Riemannian gradient of ``f`` in the ball's metric and
-``P_S`` the scaling into the ball (the loop only combines horizontal vectors). At the
-checkpoints ``p_0 = 0, p_1 = 0.22, p_{j+1} = p_j + max(p_j - p_{j-1} - 0.03, 0.06)``
-(fractions of ``n_iter``) the step is halved and the iterate restarts from the best point if
-fewer than 75 % of the steps since the last checkpoint improved the best value, or if neither
-the step nor the best value changed. One evaluation per iteration gives both the value at
-``ξ_k`` and its gradient.
+Maximises ``f(ξ)`` over ``||ξ||_x ≤ ρ`` from a start ``ξ_0`` (with ``ξ_{-1} = ξ_0``): step
+``η = 2ρ``, ``z = P_S(ξ_k + η g / ||g||)``,
+``ξ_{k+1} = P_S(ξ_k + α (z - ξ_k) + (1-α)(ξ_k - ξ_{k-1}))`` with ``α = 0.75`` (``ξ_1 = z``),
+``g`` the Riemannian gradient of ``f`` at ``ξ_k`` in the ball's metric and ``P_S`` the scaling
+into the ball (the loop only combines horizontal vectors). At the checkpoints
+``p_0 = 0, p_1 = 0.22, p_{j+1} = p_j + max(p_j - p_{j-1} - 0.03, 0.06)`` (fractions of
+``n_iter``) the step is halved and the iterate restarts from the best point if fewer than 75 %
+of the steps since the last checkpoint improved the best value, or if neither the step nor the
+best value changed. One evaluation per iteration gives both the value at ``ξ_k`` and its
+gradient.
 
-Nothing here knows about models or batches: the objective is a function.
+Every iterate is a combination of ``(ξ_k, ξ_{k-1}, g)``: so the loop needs nothing of them but
+their Gram matrix ``K`` in the ball's metric, and it chooses the coefficients ``c`` of
+``ξ_{k+1} = c₀ ξ_k + c₁ ξ_{k-1} + c₂ g`` with ``||Σ cᵢ vᵢ||² = cᵀ K c``
+(:func:`step_coefficients`). The vectors themselves stay with the :class:`Iterates`, which may
+keep them anywhere (the sharpness objective keeps the current one in the model's weights).
+
+Nothing here knows about models or batches.
 """
 
 from __future__ import annotations
@@ -23,18 +30,35 @@ import torch
 
 Tensor = torch.Tensor
 
-__all__ = ["Ball", "auto_pgd", "checkpoints"]
+__all__ = ["Iterates", "auto_pgd", "checkpoints", "step_coefficients"]
 
 MOMENTUM = 0.75
 MIN_UPDATE_RATIO = 0.75
 
 
-class Ball(Protocol):
-    """The metric of the ball: square norm of a tangent vector, gradient in that metric."""
+class Iterates(Protocol):
+    """The iterates ``ξ_k``, ``ξ_{k-1}``, the best one, and the function being maximised."""
 
-    def sqnorm(self, cs: list[Tensor]) -> Tensor: ...
+    def value(self, k: int, grad: bool) -> Tensor:
+        """``f(ξ_k)`` (0-dim); with ``grad``, its gradient is kept for :meth:`gram`."""
+        ...
 
-    def rgrad(self, grads: list[Tensor]) -> list[Tensor]: ...
+    def gram(self) -> Tensor:
+        """The 3 × 3 Gram matrix of ``(ξ_k, ξ_{k-1}, g)``, ``g`` the Riemannian gradient."""
+        ...
+
+    def advance(self, c: Tensor, keep: Tensor | bool = False) -> None:
+        """``best ← ξ_k`` where ``keep``; then ``ξ_{k-1} ← ξ_k``, ``ξ_k ← c₀ ξ_k + c₁ ξ_{k-1} +
+        c₂ g``."""
+        ...
+
+    def keep_best(self, keep: Tensor | bool) -> None:
+        """``best ← ξ_k`` where ``keep``."""
+        ...
+
+    def restart(self, best_is_current: bool, k: int) -> None:
+        """``ξ_k = ξ_{k-1} = best``, with the gradient at ``best`` kept for :meth:`gram`."""
+        ...
 
 
 def checkpoints(n_iter: int) -> list[int]:
@@ -47,34 +71,26 @@ def checkpoints(n_iter: int) -> list[int]:
     return sorted({k for k in w[1:] if 0 < k < n_iter})
 
 
-def _scale_into_ball_(ball: Ball, cs: list[Tensor], rho: float) -> list[Tensor]:
-    """``P_S`` on horizontal vectors, in place: ``ξ ← ξ · min(1, ρ / ||ξ||_x)``."""
-    scale = (rho / ball.sqnorm(cs).sqrt()).clamp(max=1.0)
-    for c in cs:
-        c.mul_(scale)
-    return cs
+def step_coefficients(K: Tensor, eta: float, rho: float, *, first: bool) -> Tensor:
+    """``c`` with ``ξ_{k+1} = c · (ξ_k, ξ_{k-1}, g)`` from the Gram matrix ``K`` of the three.
 
-
-def _step(ball: Ball, c, c_prev, grads, eta: float, rho: float, first: bool):
-    """``z = P_S(ξ + η g/||g||)``; ``ξ_new = z`` (first step) or
-    ``P_S(ξ + α(z - ξ) + (1-α)(ξ - ξ_prev)) = P_S(α z + 2(1-α) ξ - (1-α) ξ_prev)``.
-
-    Fused and in place on fresh tensors: a few passes over the parameters per iteration.
+    ``y = ξ_k + η g / ||g||``, ``z = y · min(1, ρ / ||y||)``; the first step is ``z``, a later
+    one ``u · min(1, ρ / ||u||)`` with ``u = α z + (1-α)(2 ξ_k - ξ_{k-1})``; the norms are
+    ``sqrt(cᵀ K c)``. Tensors on ``K``'s device: no host synchronisation.
     """
-    g = ball.rgrad(grads)
-    norm = ball.sqnorm(g).sqrt()
-    step = eta / (norm + torch.finfo(norm.dtype).tiny)
-    z = _scale_into_ball_(
-        ball, [torch.addcmul(ci, gi, step) for ci, gi in zip(c, g, strict=True)], rho
-    )
+
+    def into_ball(c: Tensor) -> Tensor:
+        norm = (c @ K @ c).clamp_min(0).sqrt()
+        return c * (rho / norm).clamp(max=1.0)
+
+    step = eta / (K[2, 2].clamp_min(0).sqrt() + torch.finfo(K.dtype).tiny)
+    one, zero = torch.ones((), dtype=K.dtype, device=K.device), K.new_zeros(())
+    z = into_ball(torch.stack([one, zero, step]))
     if first:
         return z
     a = MOMENTUM
-    new = [
-        torch.mul(ci, 2 * (1 - a)).add_(pi, alpha=-(1 - a)).add_(zi, alpha=a)
-        for ci, zi, pi in zip(c, z, c_prev, strict=True)
-    ]
-    return _scale_into_ball_(ball, new, rho)
+    momentum = torch.tensor([2 * (1 - a), -(1 - a), 0.0], dtype=K.dtype, device=K.device)
+    return into_ball(a * z + momentum)
 
 
 def host_tracking(device: torch.device) -> bool:
@@ -83,74 +99,71 @@ def host_tracking(device: torch.device) -> bool:
 
 
 def auto_pgd(
-    f: Callable[[list[Tensor], int, bool], tuple[Tensor, list[Tensor] | None]],
-    start: list[Tensor],
+    iterates: Iterates,
     *,
     rho: float,
     n_iter: int,
-    ball: Ball,
     check: Callable[[Tensor], None] = lambda losses: None,
     advance: Callable[[], object] = lambda: None,
-) -> tuple[Tensor, list[Tensor], Tensor]:
-    """One Auto-PGD run from ``start``; returns ``(best value, best ξ, value of every iterate)``.
+) -> tuple[Tensor, Tensor]:
+    """One Auto-PGD run from ``iterates``' start; returns ``(best value, value of every
+    iterate)``; the best iterate is ``iterates``' best.
 
     Args:
-        f: ``f(ξ, k, grad) -> (value, gradient or None)``, a 0-dim tensor and one tensor per
-            part of ``ξ``; ``k`` is the iterate's index.
-        start: ``ξ_0`` (inside the ball).
+        iterates: the function and the iterates (:class:`Iterates`).
         rho: radius; n_iter: iterations (``n_iter + 1`` evaluations, the last without
-            gradient).
-        ball: the metric of the ball.
+            gradient, and one more with gradient at each restart from an earlier best point).
         check: called with the values so far at the checkpoints and at the end (to fail early
             on non-finite values).
         advance: called once per iteration (a progress bar).
 
-    Iterates are never modified after they are formed, so the best point is kept by reference;
-    on CUDA the comparison stays on the device (``torch.where``) to avoid a host sync per
-    iteration, and only the checkpoints synchronise.
+    On CUDA the comparison with the best value stays on the device (``torch.where``) to avoid
+    a host sync per iteration, and only the checkpoints synchronise.
     """
     marks = set(checkpoints(n_iter))
-    c, c_prev = start, start
-    losses = torch.empty(n_iter + 1, dtype=start[0].dtype, device=start[0].device)
-    on_host = host_tracking(losses.device)
-    eta, prev_eta, prev_cp, prev_best = 2.0 * rho, 2.0 * rho, 0, None
-    n_updates = torch.zeros((), dtype=torch.int64, device=losses.device)
-    best, best_c, best_g = losses[0], start, None  # set at k = 0
+    eta, prev_eta, prev_cp = 2.0 * rho, 2.0 * rho, 0
+    losses = best = n_updates = improved = None
+    on_host, prev_best = True, 0.0
     for k in range(n_iter + 1):
         last = k == n_iter
-        loss, grads = f(c, k, not last)
-        losses[k] = loss
+        loss = iterates.value(k, not last)
         if k == 0:
+            losses = torch.empty(n_iter + 1, dtype=loss.dtype, device=loss.device)
+            n_updates = torch.zeros((), dtype=torch.int64, device=loss.device)
+            on_host = host_tracking(loss.device)
+            losses[0] = loss
             check(losses[:1])
-            best, best_c, best_g = loss, c, grads
-            prev_best = float(loss)
+            best, improved, prev_best = loss, True, float(loss)
         else:
-            improved = loss > best
-            n_updates += improved
+            assert losses is not None and best is not None and n_updates is not None
+            losses[k] = loss
+            better = loss > best
+            n_updates += better
             if on_host:
-                if bool(improved):
-                    best, best_c, best_g = loss, c, grads
+                improved = bool(better)
+                best = loss if improved else best
             else:
-                best = torch.where(improved, loss, best)
-                best_c = [torch.where(improved, u, v) for u, v in zip(c, best_c, strict=True)]
-                if not last:  # grads is a list whenever not last (f(..., grad=not last))
-                    best_g = [
-                        torch.where(improved, u, v)
-                        for u, v in zip(grads, best_g, strict=True)  # pyright: ignore[reportArgumentType]
-                    ]
+                improved, best = better, torch.where(better, loss, best)
+        assert improved is not None and losses is not None and n_updates is not None
         if last:
+            iterates.keep_best(improved)
             break
         advance()
+        restarted = False
         if k in marks:
             check(losses[: k + 1])
-            best_now, updates = float(best), int(n_updates)
+            best_now, updates = float(best), int(n_updates)  # pyright: ignore[reportArgumentType]
             stalled = updates < MIN_UPDATE_RATIO * (k - prev_cp)
             frozen = prev_eta == eta and prev_best == best_now
             prev_eta, prev_best, prev_cp = eta, best_now, k
             n_updates.zero_()
             if stalled or frozen:
                 eta *= 0.5
-                c, c_prev, grads = best_c, best_c, best_g
-        c_prev, c = c, _step(ball, c, c_prev, grads, eta, rho, first=k == 0)
+                iterates.keep_best(improved)
+                iterates.restart(bool(improved), k)
+                restarted = True
+        c = step_coefficients(iterates.gram(), eta, rho, first=k == 0)
+        iterates.advance(c, keep=False if restarted else improved)
+    assert losses is not None and best is not None
     check(losses)
-    return best, best_c, losses
+    return best, losses

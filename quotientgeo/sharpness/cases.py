@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from ..options import Perturbation
 from ..validation import positive_int
 from .apgd import auto_pgd
 from .objective import Objective, Where
 from .result import BatchRecord
-
-if TYPE_CHECKING:
-    from .measure import Measure
 
 __all__ = ["AverageCase", "WorstCase"]
 
@@ -34,7 +30,8 @@ class WorstCase:
     Restart 0 starts at ``ξ = 0`` (equivariant, so results are invariant along orbits to
     floating point); later ones at random horizontal directions of norm ``ρ``. The record also
     holds the loss at the first-order move ``x + ξ*`` of the worst perturbation ``ξ*`` found
-    (one extra no-grad forward, unless the map is first order or ``ξ* = 0``).
+    (one extra no-grad forward, unless the map is first order or ``ξ* = 0``; with several
+    restarts, one for each restart that beats the ones before it).
     """
 
     n_iter: int = 100
@@ -58,45 +55,51 @@ class WorstCase:
         batch,
         where: Where,
         gen: torch.Generator,
-        measure: Measure,
+        *,
+        rho: float,
+        first_order_map: bool,
         return_perturbation: bool,
         advance: Callable[[], object],
     ) -> BatchRecord:
-        """One batch's record; ``advance()`` after each iteration (a progress bar)."""
-        rho = measure.rho
-        base = worst = None
-        worst_c, trace = None, []
+        """One batch's record; ``first_order_map``: the map is ``x + ξ`` (no extra forward
+        for the first-order loss); ``advance()`` after each iteration (a progress bar)."""
+        assert objective.best is not None  # a worst-case objective keeps the best iterate
+        base = worst = first = None
+        norm, xi, trace = 0.0, None, []
         for r in range(self.restarts):
             at = Where(where.batch, 0, r)
-            start = objective.zeros() if r == 0 else objective.random_direction(gen, rho)
-            best, best_c, losses = auto_pgd(
-                lambda c, k, grad, at=at: objective.evaluate(batch, c, at.iteration(k), grad=grad),
-                start,
+            objective.begin(batch, at, None if r == 0 else gen, rho)
+            best, losses = auto_pgd(
+                objective,
                 rho=rho,
                 n_iter=self.n_iter,
-                ball=objective,
                 check=lambda losses, at=at: objective.check_finite(losses, at),
                 advance=advance,
             )
-            if r == 0:
-                base = float(losses[0])
-                worst, worst_c = base, None
-            best = float(best)
-            if worst is None or best > worst:  # worst is set at r == 0
-                worst, worst_c = best, best_c
             trace.append(torch.cummax(losses, 0).values.tolist())
+            if r == 0:
+                base = worst = first = float(losses[0])
+            best = float(best)
+            assert worst is not None
+            if best > worst:  # ξ* = 0 (the base point) until an iterate beats it
+                worst = best
+                norm = float(objective.sqnorm(objective.best).sqrt())
+                first = worst
+                if not first_order_map:
+                    loss = objective.first_order_loss(
+                        objective.best, Where(where.batch, FIRST_ORDER_MOVE)
+                    )
+                    objective.check_finite(loss.reshape(1), Where(where.batch, FIRST_ORDER_MOVE))
+                    first = float(loss)
+                if return_perturbation:
+                    xi = objective.tangent(objective.best)
         assert base is not None and worst is not None
-        norm = 0.0 if worst_c is None else float(objective.sqnorm(worst_c).sqrt())
-        # ξ* = 0 (the base point), or the same move: no extra forward pass
-        if worst_c is None or measure.perturbation == Perturbation.FIRST_ORDER:
-            first = worst
-        else:
-            first = objective.first_order_loss(batch, worst_c, Where(where.batch, FIRST_ORDER_MOVE))
-        xi = None
         if return_perturbation:
-            xi = objective.tangent(objective.zeros() if worst_c is None else worst_c)
+            if xi is None:
+                xi = objective.tangent(None)
             if objective.ranks.world > 1:  # gathered as pickled objects: via the host
                 xi = {name: t.cpu() for name, t in xi.items()}
+        objective.reset()
         return BatchRecord(base, worst, norm, trace, first, xi)
 
 
@@ -126,17 +129,22 @@ class AverageCase:
         batch,
         where: Where,
         gen: torch.Generator,
-        measure: Measure,
+        *,
+        rho: float,
+        first_order_map: bool,
         return_perturbation: bool,
         advance: Callable[[], object],
     ) -> BatchRecord:
         """One batch's record; ``advance()`` after each sample (a progress bar)."""
-        n, rho = self.n_samples, measure.rho
-        losses = torch.empty(n + 1, dtype=objective.dtype, device=objective.device)
-        losses[0], _ = objective.evaluate(batch, objective.zeros(), where, grad=False)
+        n = self.n_samples
+        objective.begin(batch, where, None, rho)
+        first = objective.value(0, grad=False)
+        losses = torch.empty(n + 1, dtype=first.dtype, device=first.device)
+        losses[0] = first
         for s in range(1, n + 1):
-            cs = objective.random_direction(gen, rho)
-            losses[s], _ = objective.evaluate(batch, cs, where.iteration(s), grad=False)
+            objective.set_random(gen, rho)
+            losses[s] = objective.value(s, grad=False)
             advance()
         objective.check_finite(losses, where)
+        objective.reset()
         return BatchRecord(float(losses[0]), float(losses[1:].mean()), rho, [losses[1:].tolist()])

@@ -64,15 +64,29 @@ def check_batches(batches) -> None:
         ) from None
 
 
-def warn_if_resolution(per_batch: list[float], geometry: ParameterGeometry) -> None:
-    """Warn when a half-precision model gives a value of exactly 0: below the loss's
-    resolution rather than flat."""
+def warn_if_resolution(records, geometry: ParameterGeometry) -> None:
+    """Warn when a half-precision model's sharpness is below the resolution of its loss.
+
+    A forward pass in ``float16`` or ``bfloat16`` resolves a loss ``L`` to about
+    ``eps · |L|`` (``torch.finfo(dtype).eps``: 2⁻¹⁰ for float16, 2⁻⁷ for bfloat16), whatever
+    dtype the loss is returned in; a mean loss increase below that is rounding, not
+    curvature.
+    """
     half = geometry.half_dtypes
-    if half and all(v == 0.0 for v in per_batch):
+    if not half:
+        return
+    eps = max(torch.finfo(getattr(torch, name.removeprefix("torch."))).eps for name in half)
+    base = sum(abs(r.base_loss) for r in records) / len(records)
+    value = sum(r.loss - r.base_loss for r in records) / len(records)
+    resolution = eps * base
+    if abs(value) < resolution:
+        names = ", ".join(n.removeprefix("torch.") for n in half)
         warnings.warn(
-            f"sharpness is exactly 0 on a {', '.join(half)} model: the loss increase is likely "
-            "below the resolution of its dtype (bfloat16 resolves 1 part in 256). Measure a "
-            "float32 copy of the model (copy.deepcopy(model).float()) instead",
+            f"sharpness {value:.3g} is below the resolution of the loss of a {names} model: "
+            f"its forward pass resolves the loss {base:.4g} to about eps × |L| = "
+            f"{resolution:.3g} (eps = {eps:.3g}), so the value is rounding rather than "
+            "curvature. Measure a float32 copy of the model (copy.deepcopy(model).float()), or "
+            "a larger radius",
             UserWarning,
             stacklevel=4,
         )

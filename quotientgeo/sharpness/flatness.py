@@ -33,7 +33,6 @@ from torch import nn
 from ..progress import progress_bar
 from ..validation import positive_int
 from .checks import check_batches, check_loss_fn, check_model
-from .objective import _LossOf
 from .state import model_state_preserved
 
 Tensor = torch.Tensor
@@ -238,6 +237,18 @@ def _probes(w: Tensor) -> tuple[Tensor, Tensor]:
     if m <= d:
         return torch.eye(m, dtype=w.dtype, device=w.device), w @ w.T
     return w, w
+
+
+class _LossOf(nn.Module):
+    """``forward(batch) = loss_fn(model, batch)``: the module given to ``functional_call``."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, batch):
+        return self.loss_fn(self.model, batch)
 
 
 class _LayerHessian:

@@ -32,7 +32,7 @@ def geodesic_sharpness(
     seed: int = 0,
     eps: float | None = None,
     progress: bool = True,
-    distributed: str = "batches",
+    distributed: str = "auto",
     return_perturbation: bool = False,
 ) -> SharpnessResult:
     """Worst-case geodesic sharpness ``mean_S max_{||ξ||_x ≤ ρ} L_S(γ_ξ(1)) - L_S(x)``.
@@ -77,7 +77,9 @@ def geodesic_sharpness(
             ranks' batches in rank order), ``"split_batch"`` (the ``k``-th batches of all ranks
             form one batch: one shared perturbation, loss and gradient averaged over ranks
             each iteration; equally sized rank batches) or ``"off"`` (local results); see
-            :mod:`quotientgeo.sharpness.ranks`. Without a process group it changes nothing.
+            :mod:`quotientgeo.sharpness.ranks`. ``"auto"`` (default): ``"split_batch"`` for a
+            model sharded over the ranks (FSDP2's ``fully_shard``; the only mode that can
+            measure it), ``"batches"`` otherwise. Without a process group it changes nothing.
         return_perturbation: also return each batch's worst perturbation ``ξ*`` in parameter
             coordinates (``SharpnessResult.perturbations``; one parameter-sized copy per batch).
 
@@ -111,7 +113,7 @@ def adaptive_sharpness(
     restarts: int = 1,
     seed: int = 0,
     progress: bool = True,
-    distributed: str = "batches",
+    distributed: str = "auto",
 ) -> SharpnessResult:
     """Adaptive sharpness of Andriushchenko et al. 2023: ``max_{||ξ ⊙ ŵ⁻¹||₂ ≤ ρ} L(w + ξ) - L(w)``.
 
@@ -137,7 +139,7 @@ def average_sharpness(
     seed: int = 0,
     eps: float | None = None,
     progress: bool = True,
-    distributed: str = "batches",
+    distributed: str = "auto",
 ) -> SharpnessResult:
     """Average-case sharpness ``mean_S E_ξ L_S(γ_ξ(1)) - L_S(x)`` over ``||ξ||_x = ρ``.
 

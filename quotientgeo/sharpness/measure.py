@@ -26,6 +26,7 @@ from torch import nn
 
 from ..geometry import ParameterGeometry
 from ..options import Distributed, Norm, Perturbation, checked_metric, option
+from ..symmetries import geometry_of
 from ..validation import integer, positive_real, real_in
 from .cases import AverageCase, WorstCase
 from .flatness import RelativeFlatness
@@ -188,7 +189,7 @@ class Measure:
         batches: Iterable,
         *,
         progress: bool = True,
-        distributed: Distributed | str = Distributed.BATCHES,
+        distributed: Distributed | str = Distributed.AUTO,
         return_perturbation: bool = False,
     ) -> SharpnessResult:
         """Measure ``model``: the mean over ``batches`` of the per-batch value.
@@ -200,14 +201,20 @@ class Measure:
                 model's device inside it if needed).
             batches: any iterable of batches (a list, a ``DataLoader``), iterated once.
             progress: a progress bar, on a terminal (and on rank 0 only).
-            distributed: ``"batches"``, ``"split_batch"`` or ``"off"`` in an initialised
-                process group (:mod:`quotientgeo.sharpness.ranks`); nothing without one.
+            distributed: ``"auto"`` (``"split_batch"`` for a model sharded over the ranks,
+                ``"batches"`` otherwise), ``"batches"``, ``"split_batch"`` or ``"off"`` in an
+                initialised process group (:mod:`quotientgeo.sharpness.ranks`); nothing
+                without one.
             return_perturbation: worst case only: also return each batch's worst
                 perturbation ``ξ*`` in parameter coordinates.
         """
+        geometry = geometry_of(model, self.symmetries, self.metric, eps=self.eps)
         return run(
-            self, model, loss_fn, batches,
-            progress=progress, distributed=distributed, return_perturbation=return_perturbation,
+            model, loss_fn, batches,
+            geometry=geometry, case=self.case, rho=self.rho, perturbation=self.perturbation,
+            norm=self.norm, seed=self.seed, settings=self.settings(),
+            description=f"{self.name} sharpness", progress=progress, distributed=distributed,
+            return_perturbation=return_perturbation,
         )  # fmt: skip
 
     def settings(self) -> dict[str, Any]:

@@ -1,16 +1,34 @@
-"""The loss of a batch as a function of the perturbation ``ξ``: what Auto-PGD maximises.
+r"""The loss of a batch as a function of the perturbation ``ξ``, with ``ξ`` held by the model.
 
-``ξ`` is a list of tensors, one per kind of symmetry block (in the order of the geometry's
-kinds) and last the adaptive rest. Each block moves by the measure's map (exact,
-second-order or first-order geodesic step) at its cached base point, the rest along straight
-lines; the perturbed parameters go to :func:`torch.func.functional_call`, so the model is
-never written to.
+Auto-PGD maximises ``ξ ↦ L_S(γ_ξ(1))`` over a ball. The :class:`Objective` keeps its iterates
+the way an optimizer keeps its state, in parameter coordinates (one tensor per trainable
+parameter, its local part on a sharded model, in the parameter's dtype), and the model's own
+weights hold the perturbed point ``w̃ = γ_ξ(1)`` of the current iterate, so that an evaluation
+is the model's ordinary forward and ``backward()``, and the gradient lands in ``.grad``:
+
+==============  =========================  ===================================================
+buffer          size                       why
+==============  =========================  ===================================================
+``x0``          one copy                   the base point of the geometry; restores the model
+``previous``    one copy                   ``ξ_{k-1}``, Auto-PGD's momentum
+``best``        one copy                   the best iterate: restarts and the result
+``current``     the symmetric parameters   ``ξ_k`` where the geodesic map moves it; elsewhere
+                                           ``ξ_k = w̃ - x0`` is read off the weights
+``.grad``       (the backward pass's own)  ``∇L(w̃)``, then the step's gradient in place
+==============  =========================  ===================================================
+
+Everything else is transient and per part (:mod:`quotientgeo.perturbation`): a chunk of
+symmetry blocks in the compute dtype, or a piece of a parameter. A restart from an earlier best
+point evaluates its gradient again rather than keeping it (one buffer less). Every iterate is a
+combination of the current one, the previous one and the gradient, so one pass over the
+parameters gives their Gram matrix in the ball's metric, and Auto-PGD (:mod:`.apgd`) chooses
+the combination from it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -18,10 +36,9 @@ from torch import nn
 
 from ..diagnosis import Diagnosis
 from ..geometry import ParameterGeometry
+from ..geometry import shards as sh
 from ..linalg import tensor_sum
-from ..manifolds import AdaptiveGeometry, QuotientManifold
-from ..options import Norm, Perturbation
-from ..perturbation import MOVES, PerturbationSpace, move_of
+from ..perturbation import BlockChunk, Perturbations, RestPiece
 from .ranks import Local
 
 Tensor = torch.Tensor
@@ -52,108 +69,306 @@ class Where:
         return dataclasses.replace(self, at=k)
 
 
-class _LossOf(nn.Module):
-    """``forward(batch) = loss_fn(model, batch)``: the module given to ``functional_call``."""
-
-    def __init__(self, model: nn.Module, loss_fn: Callable):
-        super().__init__()
-        self.model = model
-        self.loss_fn = loss_fn
-
-    def forward(self, batch):
-        return self.loss_fn(self.model, batch)
-
-
 class Objective:
-    """``ξ ↦ L_S(γ_ξ(1))`` for any batch ``S``, and the ball it is maximised in.
+    """``ξ ↦ L_S(γ_ξ(1))`` on the batch of :meth:`begin`, and the ball it is maximised in.
 
     Args:
         model, loss_fn: the network and ``loss_fn(model, batch) -> scalar tensor``.
-        geometry: the model's parameter geometry; each kind is measured in its declared
-            manifold (``eps``, unless ``None``, re-chooses the Gram relaxation of those with a
-            metric).
-        perturbation: the map of the symmetry blocks.
-        norm: the metric of the ball and of the gradient.
+        space: the parts of the model's parameter geometry, each with its map and ball metric.
+        x0: the starting weights by name (local parts; written back by the caller).
         ranks: the rank mode (losses and gradients averaged over ranks with ``split_batch``).
+        worst_case: keep ``previous`` and ``best`` (Auto-PGD); without, one scratch buffer.
     """
 
     def __init__(
         self,
         model: nn.Module,
         loss_fn: Callable[[nn.Module, Any], Tensor],
-        geometry: ParameterGeometry,
-        perturbation: Perturbation,
-        norm: Norm,
-        eps: float | None,
+        space: Perturbations,
+        x0: Mapping[str, Tensor],
         ranks: Local,
+        *,
+        worst_case: bool = True,
     ):
-        self.geometry = geometry
-        self.ranks = ranks
-        self.wrapper = _LossOf(model, loss_fn)
-        points, w = geometry.gather()
-        self.dtype, self.device = w.dtype, w.device
-        manifolds = geometry.manifolds(eps=eps)
-        self.diagnosis = Diagnosis(geometry, manifolds, points, w, "the model is restored")
-        self.diagnosis.check_finite()  # NaN/Inf weights are named as such, not as rank deficient
+        self.model, self.loss_fn, self.space, self.ranks = model, loss_fn, space, ranks
+        self.geometry: ParameterGeometry = space.geometry
+        self.dtype = space.dtype
+        self.device = self.geometry.device
+        self.x0 = dict(x0)
+        self.weights = space.local()  # the model's own (local) weights: w̃ lives here
+        self.diagnosis = Diagnosis(
+            self.geometry,
+            [chunks[0].manifold for chunks in space.chunks],
+            None if space.sharded else self._points,
+            "the model is restored",
+        )
+        self.diagnosis.check_finite(self.x0)
+        explicit = space.symmetric_names
+        self.wholly_symmetric = set(explicit) - set(self.geometry.plan.partial)
+        self.current = space.empty(explicit)  # ξ_k where it cannot be read off the weights
+        self.previous = space.empty()  # ξ_{k-1} (the average measure's scratch)
+        self.best = space.empty() if worst_case else None
+        self.batch: Any = None
+        self.where = Where(0)
 
-        def ball(manifold: QuotientManifold) -> QuotientManifold:
-            return manifold if norm == Norm.RIEMANNIAN else AdaptiveGeometry()
+    def _points(self) -> tuple[list[Tensor], Tensor]:
+        """The base point gathered (for messages only; ``None`` where sharded)."""
+        return self.geometry.gather(self.x0, dtype=self.dtype)
 
+    # ------------------------------------------------------------------ parameter-wise passes
+    def _piece(self, tensors: Mapping[str, Tensor], name: str, a: int, b: int) -> Tensor:
+        """Entries ``a:b`` of parameter ``name`` in ``tensors``, in the compute dtype (a view
+        where that is the tensor's dtype)."""
+        return _flat(tensors[name])[a:b].to(self.dtype)
+
+    def _xi(self, name: str, a: int, b: int) -> Tensor:
+        """Entries ``a:b`` of the current iterate ``ξ_k`` of parameter ``name`` (compute
+        dtype; a view of ``current`` where it is held there)."""
+        if name in self.current:
+            return self._piece(self.current, name, a, b)
+        return self._piece(self.weights, name, a, b) - self._piece(self.x0, name, a, b)
+
+    @torch.no_grad()
+    def _move_(self, source: Mapping[str, Tensor], *, first_order: bool = False) -> None:
+        """Weights ``← γ_ξ(1)`` for ``ξ = source``: the symmetry blocks by their map (or
+        ``x + ξ`` with ``first_order``), every other entry ``x + ξ``."""
+        for name, a, b in self.space.element_pieces():
+            if name in self.wholly_symmetric and not first_order:
+                continue
+            moved = self._piece(self.x0, name, a, b) + self._piece(source, name, a, b)
+            _flat(self.weights[name])[a:b].copy_(moved)
+        if not first_order:
+            self._move_blocks_(source)
+
+    def _move_blocks_(self, source: Mapping[str, Tensor]) -> None:
+        """The symmetry blocks of the weights ``← γ_ξ(1)`` for ``ξ = source``."""
         with self.diagnosis.located():
-            self.blocks = [
-                PerturbationSpace(m, x, move_of(m, perturbation), ball(m))
-                for m, x in zip(manifolds, points, strict=True)
-            ]
-        rest = geometry.rest_manifold()  # adaptive sharpness: straight lines, its own metric
-        self.blocks.append(PerturbationSpace(rest, w, MOVES[Perturbation.FIRST_ORDER], rest))
+            for chunk in self.space.all_chunks():
+                s = chunk.space(chunk.read(self.x0, self.dtype))
+                chunk.write_(self.weights, s.move(chunk.read(source, self.dtype)))
 
-    # ------------------------------------------------------------------ the ball
-    def zeros(self) -> list[Tensor]:
-        return [b.zeros() for b in self.blocks]
+    @torch.no_grad()
+    def _copy_current_(self, out: Mapping[str, Tensor]) -> None:
+        """``out ← ξ_k``."""
+        for name, a, b in self.space.element_pieces():
+            _flat(out[name])[a:b].copy_(self._xi(name, a, b))
 
-    def sqnorm(self, cs: list[Tensor]) -> Tensor:
-        """``||ξ||²_x``: the blocks' square norms add."""
-        return tensor_sum(b.sqnorm(c) for b, c in zip(self.blocks, cs, strict=True))
+    @torch.no_grad()
+    def _set_current_(self, source: Mapping[str, Tensor]) -> None:
+        """``ξ_k ← source`` (the model moved there)."""
+        for name, t in self.current.items():
+            t.copy_(source[name])
+        self._move_(source)
 
-    def rgrad(self, grads: list[Tensor]) -> list[Tensor]:
-        """The horizontal gradient in the ball's metric, block by block."""
-        return [b.rgrad(d) for b, d in zip(self.blocks, grads, strict=True)]
+    # ------------------------------------------------------------------ Auto-PGD's iterates
+    def begin(self, batch, where: Where, gen: torch.Generator | None, rho: float) -> None:
+        """Start on ``batch`` from ``ξ_0 = 0`` (``gen=None``) or from a random horizontal
+        direction of norm ``rho``; ``ξ_{-1} = ξ_0``."""
+        self.batch, self.where = batch, where
+        if gen is None:
+            for t in (*self.current.values(), *self.previous.values()):
+                t.zero_()
+            self._set_current_(self.previous)
+        else:
+            self.random_(self.previous, gen, rho)
+            self._set_current_(self.previous)
 
-    def random_direction(self, gen: torch.Generator, rho: float) -> list[Tensor]:
-        """Horizontal direction of norm ``rho``, isotropic in the metric at the base point."""
-        cs = [b.random(gen) for b in self.blocks]
-        scale = rho / self.sqnorm(cs).sqrt()
-        return [c * scale for c in cs]
+    def value(self, k: int | str, grad: bool) -> Tensor:
+        """Loss at the current iterate (0-dim, compute dtype); with ``grad`` its gradient with
+        respect to the weights is left in ``.grad``. ``k`` names the evaluation in messages."""
+        where = self.where.iteration(k) if isinstance(k, int) else Where(self.where.batch, k)
+        return self.evaluate(where, grad)
 
-    def tangent(self, cs: list[Tensor]) -> dict[str, Tensor]:
-        """``cs`` in parameter coordinates, as new detached tensors. ``scatter`` is linear: views,
-        transposes, concatenations and slice scatters that overwrite every entry (covered ones
-        from the blocks, the others from the adaptive vector)."""
-        values = self.geometry.scatter(cs[:-1], cs[-1])
-        return {name: t.detach().clone() for name, t in values.items()}
+    def evaluate(self, where: Where, grad: bool) -> Tensor:
+        """The loss at the weights as they are (see :meth:`value`). An exception of ``loss_fn``
+        keeps its type and gains a note naming ``where``."""
+        for p in self.space.params.values():
+            p.grad = None
 
-    # ------------------------------------------------------------------ the loss
-    def evaluate(
-        self, batch, cs: list[Tensor], where: Where, *, grad: bool, first_order: bool = False
-    ) -> tuple[Tensor, list[Tensor] | None]:
-        """Loss of ``batch`` at ``cs`` (detached, compute dtype) and, with ``grad``, its
-        gradient wrt ``cs``; with ``distributed="split_batch"`` both averaged over ranks.
-        ``first_order``: every block moves by ``retr`` (``x + ξ``) instead of the measure's
-        map. An exception of ``loss_fn`` keeps its type and gains a note naming ``where``; a
-        failure of the geometry at faulty weights raises the error that names them."""
+        def attempt() -> Tensor:
+            try:
+                with torch.enable_grad() if grad else torch.no_grad():
+                    loss = self._loss(where)
+                    if grad:
+                        if not loss.requires_grad:
+                            raise ValueError(
+                                "loss_fn returned a tensor that does not depend on the "
+                                f"parameters ({where})"
+                            )
+                        loss.backward()
+            finally:
+                if self.space.sharded:
+                    sh.reshard(self.model)
+            return loss.detach().reshape(()).to(self.dtype)
 
-        def attempt():
-            with self.diagnosis.located():
-                return self._evaluate(batch, cs, where, grad, first_order)
+        return self.ranks.evaluate(attempt, self.space, where, grad)
 
-        return self.ranks.evaluate(attempt, cs, where, grad)
+    def _loss(self, where: Where) -> Tensor:
+        try:
+            loss = self.loss_fn(self.model, self.batch)
+        except Exception as err:
+            add_note = getattr(err, "add_note", None)  # Python 3.11+
+            if add_note is not None:
+                add_note(f"raised by loss_fn on {where}; the model is restored")
+            raise
+        if not isinstance(loss, Tensor):
+            raise TypeError(
+                f"loss_fn must return a scalar tensor, got {type(loss).__name__} ({where})"
+            )
+        if loss.numel() != 1:
+            raise ValueError(
+                f"loss_fn must return a scalar tensor, got shape {tuple(loss.shape)} ({where})"
+            )
+        return loss.reshape(())
 
-    def first_order_loss(self, batch, cs: list[Tensor], where: Where) -> float:
-        """Loss at the first-order move ``x + ξ`` of ``cs``: one no-grad forward."""
-        loss, _ = self.evaluate(batch, cs, where, grad=False, first_order=True)
-        self.check_finite(loss.reshape(1), where)
-        return float(loss)
+    def gradients(self) -> dict[str, Tensor]:
+        """The local parts of ``.grad`` (zeros where a parameter got none)."""
+        out = {}
+        for name, p in self.space.params.items():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            out[name] = sh.local(p.grad)
+        return out
 
+    @torch.no_grad()
+    def gram(self) -> Tensor:
+        """The Gram matrix ``K`` (3 × 3, compute dtype) of ``(ξ_k, ξ_{k-1}, g)`` in the ball's
+        metric, where ``g``, the horizontal Riemannian gradient with respect to ``ξ`` at
+        ``ξ_k`` (the map's vector-Jacobian product of ``.grad``, then ``egrad2rgrad``),
+        replaces ``.grad``."""
+        grads = self.gradients()
+        replicated, local = [], []
+        with self.diagnosis.located():
+            for part in self.space.parts():
+                x = part.read(self.x0, self.dtype)
+                s = part.space(x)
+                xi = self._part_current(part)
+                prev = part.read(self.previous, self.dtype)
+                g = s.rgrad(s.pullback(xi, part.read(grads, self.dtype)))
+                part.write_(grads, g)
+                entries = [s.inner(u, v) for u, v in _PAIRS(xi, prev, g)]
+                (local if _is_local(part) else replicated).append(entries)
+        return _gram(self._total(local), _sum(replicated, self))
+
+    def _total(self, local: list[list[Tensor]]) -> Tensor:
+        """The entry-wise sums of ``local`` rows over this rank's parts and every other rank's
+        (one all-reduce where parameters are sharded)."""
+        total = _sum(local, self)
+        if self.space.sharded:
+            torch.distributed.all_reduce(total)
+        return total
+
+    def _part_current(self, part: BlockChunk | RestPiece) -> Tensor:
+        if isinstance(part, BlockChunk) or part.name in self.current:
+            return part.read(self.current, self.dtype)
+        return part.read(self.weights, self.dtype) - part.read(self.x0, self.dtype)
+
+    @torch.no_grad()
+    def advance(self, c: Tensor, keep: Tensor | bool = False) -> None:
+        """``ξ_{k+1} = c₀ ξ_k + c₁ ξ_{k-1} + c₂ g``, ``ξ_k`` becomes the previous iterate, the
+        model moves to ``γ_{ξ_{k+1}}(1)``; with ``keep`` (a bool or 0-dim tensor), first
+        ``best ← ξ_k``."""
+        grads = self.gradients()
+        c0, c1, c2 = (c[i].to(self.dtype) for i in range(3))
+        for name, a, b in self.space.element_pieces():
+            xi = self._xi(name, a, b)
+            self._keep(name, a, b, xi, keep)
+            prev = _flat(self.previous[name])[a:b]
+            new = xi * c0 + prev.to(self.dtype) * c1 + self._piece(grads, name, a, b) * c2
+            prev.copy_(xi)
+            if name in self.current:
+                _flat(self.current[name])[a:b].copy_(new)
+                if name in self.wholly_symmetric:
+                    continue
+            _flat(self.weights[name])[a:b].copy_(self._piece(self.x0, name, a, b) + new)
+        for p in self.space.params.values():
+            p.grad = None
+        self._move_blocks_(self.current)
+
+    def _keep(self, name: str, a: int, b: int, xi: Tensor, keep: Tensor | bool) -> None:
+        if self.best is None or keep is False:
+            return
+        best = _flat(self.best[name])[a:b]
+        if isinstance(keep, bool) or keep.device.type == "cpu":
+            if bool(keep):
+                best.copy_(xi)
+        else:  # no host synchronisation on an accelerator
+            best.copy_(torch.where(keep, xi.to(best.dtype), best))
+
+    @torch.no_grad()
+    def keep_best(self, keep: Tensor | bool) -> None:
+        """``best ← ξ_k`` where ``keep``."""
+        for name, a, b in self.space.element_pieces():
+            self._keep(name, a, b, self._xi(name, a, b), keep)
+
+    @torch.no_grad()
+    def restart(self, best_is_current: bool, k: int) -> None:
+        """``ξ_k = ξ_{k-1} = best``, with the gradient at ``best`` in ``.grad`` (evaluated
+        again unless ``best`` is the current iterate, whose gradient is there)."""
+        assert self.best is not None
+        if best_is_current:
+            self._copy_current_(self.previous)
+            return
+        for name, t in self.previous.items():
+            t.copy_(self.best[name])
+        self._set_current_(self.best)
+        self.evaluate(self.where.iteration(k), grad=True)
+
+    # ------------------------------------------------------------------ the result
+    @torch.no_grad()
+    def sqnorm(self, xi: Mapping[str, Tensor]) -> Tensor:
+        """``||ξ||²_x`` in the ball's metric (0-dim, compute dtype)."""
+        replicated, local = [], []
+        with self.diagnosis.located():
+            for part in self.space.parts():
+                s = part.space(part.read(self.x0, self.dtype))
+                entry = [s.sqnorm(part.read(xi, self.dtype))]
+                (local if _is_local(part) else replicated).append(entry)
+        return self._total(local)[0] + _sum(replicated, self)[0]
+
+    def first_order_loss(self, xi: Mapping[str, Tensor], where: Where) -> Tensor:
+        """Loss at the first-order move ``x + ξ``: one no-grad forward."""
+        self._move_(xi, first_order=True)
+        return self.evaluate(where, grad=False)
+
+    def reset(self) -> None:
+        """The model back at ``x0``."""
+        with torch.no_grad():
+            for name, t in self.weights.items():
+                t.copy_(self.x0[name])
+
+    def tangent(self, xi: Mapping[str, Tensor] | None) -> dict[str, Tensor]:
+        """``ξ`` (``None``: zero) in parameter coordinates as new tensors (sharded as the
+        parameters)."""
+        return {
+            name: sh.like(torch.zeros_like(self.x0[name]) if xi is None else xi[name].clone(), p)
+            for name, p in self.space.params.items()
+        }
+
+    # ------------------------------------------------------------------ random directions
+    @torch.no_grad()
+    def random_(self, out: Mapping[str, Tensor], gen: torch.Generator, rho: float) -> None:
+        """``out ←`` a horizontal direction of norm ``rho``, isotropic in the ball's metric at
+        the base point (:meth:`Perturbations.random_parts`)."""
+        replicated, local = [], []
+        with self.diagnosis.located():
+            for part, e in self.space.random_parts(gen):
+                s = part.space(part.read(self.x0, self.dtype))
+                xi = s.random(e)
+                part.write_(out, xi)
+                entry = [s.sqnorm(xi)]
+                (local if _is_local(part) else replicated).append(entry)
+        total = self._total(local)[0] + _sum(replicated, self)[0]
+        scale = rho / total.sqrt()
+        for t in out.values():
+            t.mul_(scale.to(t.dtype))
+
+    def set_random(self, gen: torch.Generator, rho: float) -> None:
+        """The model at ``γ_ξ(1)`` for a random ``ξ`` of norm ``rho`` (average sharpness)."""
+        self.random_(self.previous, gen, rho)
+        self._set_current_(self.previous)
+
+    # ------------------------------------------------------------------ failures
     def check_finite(self, losses: Tensor, where: Where) -> None:
         """Raise (on every rank) if ``losses`` are not all finite; ``losses[k]`` is the loss at
         iteration ``k`` of ``where`` (or at ``where`` itself for one loss). The message also
@@ -174,34 +389,37 @@ class Objective:
             raise ValueError(f"{message}, likely from {deficient}")
         raise ValueError(f"{message}; the model is restored")
 
-    def _evaluate(self, batch, cs: list[Tensor], where: Where, grad: bool, first_order: bool):
-        with torch.enable_grad() if grad else torch.no_grad():
-            leaves = [c.detach().requires_grad_(grad) for c in cs]
-            moves = [b.first_order if first_order else b.move for b in self.blocks]
-            ys = [move(c) for move, c in zip(moves, leaves, strict=True)]
-            params = self.geometry.scatter(ys[:-1], ys[-1])
-            params = {f"model.{name}": t for name, t in params.items()}
-            try:
-                loss = torch.func.functional_call(self.wrapper, params, (batch,))
-            except Exception as err:
-                add_note = getattr(err, "add_note", None)  # Python 3.11+
-                if add_note is not None:
-                    add_note(f"raised by loss_fn on {where}; the model is restored")
-                raise
-            if not isinstance(loss, Tensor):
-                raise TypeError(
-                    f"loss_fn must return a scalar tensor, got {type(loss).__name__} ({where})"
-                )
-            if loss.numel() != 1:
-                raise ValueError(
-                    f"loss_fn must return a scalar tensor, got shape {tuple(loss.shape)} ({where})"
-                )
-            if not grad:
-                return loss.detach().reshape(()).to(self.dtype), None
-            if not loss.requires_grad:
-                raise ValueError(
-                    f"loss_fn returned a tensor that does not depend on the parameters ({where})"
-                )
-            grads = torch.autograd.grad(loss.reshape(()), leaves, allow_unused=True)
-        grads = [torch.zeros_like(c) if g is None else g for c, g in zip(cs, grads, strict=True)]
-        return loss.detach().reshape(()).to(self.dtype), grads
+
+def _is_local(part: BlockChunk | RestPiece) -> bool:
+    """Is ``part`` this rank's share of a sharded parameter (its sums add over ranks)? A chunk
+    is read whole on every rank."""
+    return isinstance(part, RestPiece) and part.sharded
+
+
+def _flat(t: Tensor) -> Tensor:
+    return t.view(-1) if t.is_contiguous() else t.reshape(-1)
+
+
+def _PAIRS(xi: Tensor, prev: Tensor, g: Tensor):
+    """The pairs of the upper triangle of the Gram matrix of ``(ξ, ξ_prev, g)``."""
+    return ((xi, xi), (xi, prev), (xi, g), (prev, prev), (prev, g), (g, g))
+
+
+def _sum(rows: list[list[Tensor]], objective: Objective) -> Tensor:
+    """Entry-wise sums of ``rows`` (one row of scalars per part) as one tensor (6 zeros for
+    no row)."""
+    if not rows:
+        return torch.zeros(6, dtype=objective.dtype, device=objective.device)
+    return torch.stack([tensor_sum(column) for column in zip(*rows, strict=True)])
+
+
+def _gram(local: Tensor, replicated: Tensor) -> Tensor:
+    """The symmetric 3 × 3 Gram matrix from its upper triangle (``_PAIRS`` order)."""
+    e = local + replicated
+    return torch.stack(
+        [
+            torch.stack([e[0], e[1], e[2]]),
+            torch.stack([e[1], e[3], e[4]]),
+            torch.stack([e[2], e[4], e[5]]),
+        ]
+    )

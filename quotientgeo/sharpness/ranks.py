@@ -4,21 +4,24 @@ One class per mode (the measures' ``distributed=`` argument, :class:`~quotientge
 Distributed`), chosen by :func:`ranks_for` when the user has initialised a process group of
 more than one rank:
 
-- :class:`Batches` (``"batches"``, default): each rank measures its own batches (the
-  ``DistributedSampler`` convention); at the end every rank receives all ranks' per-batch
-  records in rank order, so every rank returns the result one process returns for the
-  concatenated list of batches. Random draws are seeded per global batch index, so they do
-  not depend on the split.
-- :class:`SplitBatch` (``"split_batch"``): the ``k``-th batches of all ranks form one global
-  batch. Every iteration the loss and the gradient with respect to the shared perturbation are
-  averaged over ranks (one all-reduce of a flat buffer), so all ranks follow one perturbation.
-  This equals one process measuring the concatenated batch when ``loss_fn`` is a mean over
-  equally sized rank batches (the mean of the rank means is then the global mean).
+- :class:`Batches` (``"batches"``, the default for a model that every rank holds whole): each
+  rank measures its own batches (the ``DistributedSampler`` convention); at the end every rank
+  receives all ranks' per-batch records in rank order, so every rank returns the result one
+  process returns for the concatenated list of batches. Random draws are seeded per global
+  batch index, so they do not depend on the split.
+- :class:`SplitBatch` (``"split_batch"``, the default for a model sharded over the ranks with
+  FSDP2, whose forward and backward passes run on all ranks together): the ``k``-th batches of
+  all ranks form one global batch. Every iteration the loss and the gradient with respect to
+  the shared perturbation are averaged over ranks (FSDP2 averages the gradients of a sharded
+  model in its backward pass; the loss is one all-reduce), so all ranks follow one
+  perturbation. This equals one process measuring the concatenated batch when ``loss_fn`` is a
+  mean over equally sized rank batches (the mean of the rank means is then the global mean).
 - :class:`Local` (``"off"``, or no process group): each rank returns its local result.
 
 A failure on one rank (a raising ``loss_fn``, a non-finite loss) makes every rank raise a
 ``RuntimeError`` naming the rank, batch and iteration, instead of leaving the others waiting
-in a collective.
+in a collective (except inside the forward or backward pass of a sharded model, whose own
+collectives the other ranks then wait in, as in training).
 """
 
 from __future__ import annotations
@@ -34,15 +37,22 @@ Tensor = torch.Tensor
 
 __all__ = ["Batches", "Local", "SplitBatch", "ranks_for"]
 
-Evaluation = tuple[Tensor, list[Tensor] | None]
 
-
-def ranks_for(mode: Distributed | str) -> Local:
+def ranks_for(mode: Distributed | str, *, sharded: bool = False) -> Local:
     """The rank mode for ``distributed=mode`` in the current process group (:class:`Local`
-    without an initialised group of several ranks)."""
+    without an initialised group of several ranks); ``sharded``: the model's parameters are
+    sharded over the ranks (only ``"split_batch"`` can measure it)."""
     mode = option(Distributed, "distributed", mode)
     dist = torch.distributed
     active = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if mode == Distributed.AUTO:
+        mode = Distributed.SPLIT_BATCH if sharded else Distributed.BATCHES
+    if sharded and active and mode != Distributed.SPLIT_BATCH:
+        raise ValueError(
+            f"distributed={mode.value!r} cannot measure a model sharded over the ranks (FSDP2): "
+            "its forward and backward passes run on all ranks together, so the k-th batches of "
+            "the ranks form one batch; use distributed='split_batch' (the default, 'auto')"
+        )
     if mode == Distributed.OFF or not active:
         return Local()
     return {Distributed.BATCHES: Batches, Distributed.SPLIT_BATCH: SplitBatch}[mode]()
@@ -60,10 +70,9 @@ class Local:
         """Global index of this rank's first batch."""
         return 0
 
-    def evaluate(
-        self, evaluate: Callable[[], Evaluation], cs: list[Tensor], where, grad: bool
-    ) -> Evaluation:
-        """The loss and gradients of ``evaluate()`` as the measure uses them."""
+    def evaluate(self, evaluate: Callable[[], Tensor], space, where, grad: bool) -> Tensor:
+        """The loss of ``evaluate()`` (which leaves its gradient in ``.grad``) as the measure
+        uses it."""
         return evaluate()
 
     def check_finite(self, finite: bool) -> None:
@@ -153,20 +162,20 @@ class SplitBatch(_Group):
             )
         return 0
 
-    def evaluate(
-        self, evaluate: Callable[[], Evaluation], cs: list[Tensor], where, grad: bool
-    ) -> Evaluation:
+    def evaluate(self, evaluate: Callable[[], Tensor], space, where, grad: bool) -> Tensor:
         """Averaged over ranks; an exception on this rank is kept (and reported at the next
         finiteness check) and contributes NaN, so that no rank waits alone."""
         try:
-            loss, grads = evaluate()
+            loss = evaluate()
             self.local_losses.append((where, loss))  # checked lazily, without a sync here
         except Exception as err:
             if self.first_failure is None:
                 self.first_failure = f"{where}: {type(err).__name__}: {err}"
-            loss = torch.full((), math.nan, dtype=cs[0].dtype, device=cs[0].device)
-            grads = [torch.zeros_like(c) for c in cs] if grad else None
-        return self.average(loss, grads)
+            loss = torch.full((), math.nan, dtype=space.dtype, device=space.geometry.device)
+            if grad:
+                for p in space.params.values():
+                    p.grad = torch.zeros_like(p)
+        return self.average(loss, space if grad else None)
 
     def check_finite(self, finite: bool) -> None:
         if not finite:  # every rank sees the same averaged losses: all get here
@@ -182,14 +191,21 @@ class SplitBatch(_Group):
                 return f"non-finite loss ({float(loss)}) at {where}"
         return None
 
-    def average(self, loss: Tensor, grads: list[Tensor] | None) -> Evaluation:
-        """Loss and gradients averaged over ranks, in one all-reduce of a flat buffer."""
-        parts = [loss.reshape(1)] + ([g.reshape(-1) for g in grads] if grads else [])
-        flat = torch.cat(parts)
-        torch.distributed.all_reduce(flat)
-        flat /= self.world
-        if not grads:
-            return flat[0], grads
-        sizes = [1] + [g.numel() for g in grads]
-        pieces = flat.split(sizes)
-        return pieces[0][0], [p.view_as(g) for p, g in zip(pieces[1:], grads, strict=True)]
+    def average(self, loss: Tensor, space) -> Tensor:
+        """The loss averaged over ranks (one all-reduce); with ``space``, also the gradients of
+        its parameters, in place, unless the parameters are sharded (FSDP2 averaged them in
+        the backward pass)."""
+        dist = torch.distributed
+        total = loss.reshape(1).clone()
+        dist.all_reduce(total)
+        if space is not None and not space.sharded:
+            grads = []
+            for p in space.params.values():
+                if p.grad is None:  # every rank reduces the same tensors
+                    p.grad = torch.zeros_like(p)
+                grads.append(p.grad)
+            for work in [dist.all_reduce(g, async_op=True) for g in grads]:
+                work.wait()  # pyright: ignore[reportOptionalMemberAccess]
+            for g in grads:
+                g.div_(self.world)
+        return total[0] / self.world

@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
+from ..geometry import ParameterGeometry
+from ..options import Distributed, Norm, Perturbation
+from ..perturbation import Perturbations
 from ..progress import progress_bar
-from ..symmetries import geometry_of
-from .cases import WorstCase
+from .cases import AverageCase, WorstCase
 from .checks import check_batches, check_loss_fn, check_model, warn_if_resolution
 from .objective import Objective, Where
 from .ranks import ranks_for
 from .result import SharpnessResult
 from .state import model_state_preserved
-
-if TYPE_CHECKING:
-    from .measure import Measure
 
 Tensor = torch.Tensor
 
@@ -41,53 +40,60 @@ def _length(batches) -> int | None:
 
 
 def run(
-    measure: Measure,
     model: nn.Module,
     loss_fn: Callable[[nn.Module, Any], Tensor],
     batches: Iterable,
     *,
+    geometry: ParameterGeometry,
+    case: WorstCase | AverageCase,
+    rho: float,
+    perturbation: Perturbation,
+    norm: Norm,
+    seed: int,
+    settings: dict[str, Any],
+    description: str,
     progress: bool,
-    distributed: str,
+    distributed: Distributed | str,
     return_perturbation: bool,
 ) -> SharpnessResult:
-    """``measure`` of ``model`` over ``batches`` (:meth:`Measure.evaluate`)."""
+    """The measure ``case`` on the ball of radius ``rho`` of ``geometry`` (the map
+    ``perturbation``, the metric ``norm``) of ``model`` over ``batches``; ``settings`` are
+    recorded in the result, ``description`` names the progress bar."""
     check_model(model)
     check_loss_fn(loss_fn)
     check_batches(batches)
     if not isinstance(return_perturbation, bool):
         raise TypeError(f"return_perturbation must be True or False, got {return_perturbation!r}")
-    if return_perturbation and not isinstance(measure.case, WorstCase):
+    if return_perturbation and not isinstance(case, WorstCase):
         raise ValueError("return_perturbation=True needs a worst-case measure")
-    geometry = geometry_of(
-        model, measure.symmetries, measure.metric, warn_missing=measure.name != "adaptive"
-    )
-    ranks = ranks_for(distributed)
+    space = Perturbations(geometry, perturbation, norm)
+    ranks = ranks_for(distributed, sharded=space.sharded)
     t0 = time.perf_counter()
     count = _length(batches)
     bar = progress_bar(
-        total=None if count is None else count * measure.case.steps,
-        desc=f"{measure.name} sharpness",
+        total=None if count is None else count * case.steps,
+        desc=description,
         enabled=progress and ranks.rank == 0,
     )
     offset = ranks.batch_offset(batches)
     records, failure = [], None
-    with model_state_preserved(model), bar:
+    with model_state_preserved(model, geometry.params) as x0, bar:
         try:
-            objective = Objective(
-                model, loss_fn, geometry, measure.perturbation, measure.norm, measure.eps, ranks
-            )
+            worst = isinstance(case, WorstCase)
+            objective = Objective(model, loss_fn, space, x0, ranks, worst_case=worst)
             gen = torch.Generator(device=objective.device)
             for i, batch in enumerate(batches):
-                gen.manual_seed(batch_seed(measure.seed, offset + i))
+                gen.manual_seed(batch_seed(seed, offset + i))
                 records.append(
-                    measure.case.measure_batch(
+                    case.measure_batch(
                         objective,
                         batch,
                         Where(offset + i),
                         gen,
-                        measure,
-                        return_perturbation,
-                        lambda: bar.update(1),
+                        rho=rho,
+                        first_order_map=perturbation == Perturbation.FIRST_ORDER,
+                        return_perturbation=return_perturbation,
+                        advance=lambda: bar.update(1),
                     )
                 )
         except Exception as err:  # raised here, or (distributed="batches") on every rank
@@ -95,11 +101,11 @@ def run(
     records = ranks.collect(records, failure)
     if not records:
         raise ValueError("batches is empty: nothing to measure sharpness on")
-    warn_if_resolution([r.loss - r.base_loss for r in records], geometry)
+    warn_if_resolution(records, geometry)
     declared = geometry.metrics
     settings = {
-        **measure.settings(),
-        "metric": measure.metric if measure.metric is not None else _declared(declared),
+        **settings,
+        "metric": settings["metric"] if settings["metric"] is not None else _declared(declared),
         "n_batches": len(records),
         "distributed": ranks.mode.value,
         "world_size": ranks.world,

@@ -1,0 +1,235 @@
+r"""``quotientgeo bench memory``: peak memory of every measure against one forward+backward.
+
+The model is a GPT-2-sized decoder (Hugging Face ``GPT2LMHeadModel`` from a configuration,
+random weights; default 12 layers, width 768, 12 heads, vocabulary 50257: 124M parameters) on
+one batch of ``batch × seq`` random tokens with the language-modelling loss. Contenders:
+
+- ``floor``: one forward pass and ``loss.backward()`` (the gradients stay allocated);
+- ``adaptive``, ``geodesic_mix`` (second-order map), ``geodesic_inv`` (second-order map),
+  ``geodesic_inv_exact`` (the closed-form inv geodesic): ``n_iter`` Auto-PGD iterations;
+- ``average``: ``n_samples`` random directions.
+
+Each is reported as its peak in bytes, and as parameter copies above the floor:
+``(peak − floor peak) / parameter bytes``, the parameter bytes counted in the parameters' own
+dtype. On the CPU every contender runs in a process of its own (this command again, with
+``--contender``): the model is built, the peak resident set size is reset
+(``/proc/self/clear_refs``), the contender runs, and its peak (``VmHWM``) above the resident
+size at the reset is its peak. glibc is told to return every freed block of 64 KiB or more to
+the system (``MALLOC_MMAP_THRESHOLD_``), so that the resident size follows the live tensors.
+On CUDA the contenders run in this process and ``torch.cuda.max_memory_allocated`` above the
+allocation at the start is the peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ..sharpness import Measure
+from .options import run_config
+
+RHO = 0.05
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def measures(n_iter: int, n_samples: int) -> dict[str, Measure]:
+    """The measured contenders (the floor aside)."""
+    return {
+        "adaptive": Measure.adaptive(RHO, n_iter=n_iter),
+        "geodesic_mix": Measure.geodesic(RHO, metric="mix", n_iter=n_iter),
+        "geodesic_inv": Measure.geodesic(
+            RHO, metric="inv", perturbation="second_order", n_iter=n_iter
+        ),
+        "geodesic_inv_exact": Measure.geodesic(
+            RHO, metric="inv", perturbation="exact", n_iter=n_iter
+        ),
+        "average": Measure.average(RHO, n_samples=n_samples),
+    }
+
+
+CONTENDERS = ("floor", *measures(1, 1))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--d", type=int, default=768, help="model width")
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--vocab", type=int, default=50257, help="vocabulary size")
+    parser.add_argument("--seq", type=int, default=128, help="tokens per sequence")
+    parser.add_argument("--batch", type=int, default=4, help="sequences per batch")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--n-iter", type=int, default=3, help="Auto-PGD iterations")
+    parser.add_argument("--n-samples", type=int, default=3, help="samples of average sharpness")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument(
+        "--only", nargs="+", choices=CONTENDERS, default=None, help="contenders to run"
+    )
+    parser.add_argument(
+        "--contender",
+        choices=CONTENDERS,
+        default=None,
+        help="run this one contender in this process and print its peak as JSON",
+    )
+
+
+def build(args: argparse.Namespace):
+    """``(model, loss_fn, batch)``: the decoder in ``--dtype`` on ``--device`` and one batch."""
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError as err:  # pragma: no cover - the [transformers] extra
+        raise SystemExit(
+            "bench memory builds a GPT-2-sized decoder with transformers: "
+            "pip install 'quotientgeo[transformers]'"
+        ) from err
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=args.layers,
+        n_embd=args.d,
+        n_head=args.heads,
+        vocab_size=args.vocab,
+        n_positions=max(args.seq, 8),
+        attn_pdrop=0.0,
+        embd_pdrop=0.0,
+        resid_pdrop=0.0,
+    )
+    model = GPT2LMHeadModel(config).to(device=args.device, dtype=DTYPES[args.dtype]).eval()
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen).to(args.device)
+
+    def loss_fn(model, batch):
+        return model(input_ids=batch, labels=batch).loss
+
+    return model, loss_fn, ids
+
+
+def parameter_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the trainable parameters, each counted once, in their own dtypes."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def contender(name: str, args: argparse.Namespace, model, loss_fn, batch) -> Callable[[], object]:
+    if name == "floor":
+        return lambda: loss_fn(model, batch).backward()
+    measure = measures(args.n_iter, args.n_samples)[name]
+    return lambda: measure.evaluate(model, loss_fn, [batch], progress=False)
+
+
+# ---------------------------------------------------------------------- the CPU: one process each
+def _status(field: str) -> int:
+    """A ``/proc/self/status`` size field (``VmRSS``, ``VmHWM``) in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _run_here(args: argparse.Namespace) -> dict[str, int]:
+    """Build the model, reset the peak, run ``args.contender``: its peak above the start."""
+    model, loss_fn, batch = build(args)
+    fn = contender(args.contender, args, model, loss_fn, batch)
+    if args.device == "cpu":
+        Path("/proc/self/clear_refs").write_text("5")  # the peak RSS restarts from now
+        start = _status("VmRSS")
+        fn()
+        peak = _status("VmHWM")
+    else:
+        device = torch.device(args.device)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+        fn()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device)
+    return {"peak_bytes": peak - start, "parameter_bytes": parameter_bytes(model)}
+
+
+def _run_child(name: str, argv: list[str]) -> dict[str, int]:
+    """``name`` in a fresh process (this command with ``--contender name``)."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+    command = [sys.executable, "-m", "quotientgeo.cli", "bench", "memory", *argv]
+    done = subprocess.run(
+        [*command, "--contender", name], env=env, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"contender {name} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _forwarded(args: argparse.Namespace) -> list[str]:
+    """The options of this run, for the child processes."""
+    argv = [
+        "--layers", str(args.layers), "--d", str(args.d), "--heads", str(args.heads),
+        "--vocab", str(args.vocab), "--seq", str(args.seq), "--batch", str(args.batch),
+        "--dtype", args.dtype, "--n-iter", str(args.n_iter), "--n-samples", str(args.n_samples),
+        "--device", args.device,
+    ]  # fmt: skip
+    if args.threads:
+        argv += ["--threads", str(args.threads)]
+    return argv
+
+
+def run(args: argparse.Namespace) -> int:
+    """Peak memory of every measure and of one forward+backward, in bytes and parameter copies."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.contender is not None:
+        print(json.dumps(_run_here(args)))
+        return 0
+    names = ["floor", *[n for n in CONTENDERS[1:] if args.only is None or n in args.only]]
+    peaks: dict[str, dict[str, int]] = {}
+    if args.device == "cpu":
+        if not Path("/proc/self/clear_refs").exists():
+            raise SystemExit("bench memory on the CPU reads /proc (Linux)")
+        argv = _forwarded(args)
+        for name in names:
+            peaks[name] = _run_child(name, argv)
+    else:
+        for name in names:
+            args.contender = name
+            peaks[name] = _run_here(args)
+            torch.cuda.empty_cache()
+        args.contender = None
+    param_bytes = peaks["floor"]["parameter_bytes"]
+    floor = peaks["floor"]["peak_bytes"]
+    rows = {
+        name: {
+            "peak_bytes": p["peak_bytes"],
+            "above_floor_bytes": p["peak_bytes"] - floor,
+            "copies_above_floor": (p["peak_bytes"] - floor) / param_bytes,
+        }
+        for name, p in peaks.items()
+    }
+    out = {
+        "parameter_bytes": param_bytes,
+        "peaks": rows,
+        "config": run_config(
+            args, "layers", "d", "heads", "vocab", "seq", "batch", "dtype", "n_iter", "n_samples"
+        ),
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    cfg = out["config"]
+    print(
+        f"peak memory, GPT-2-sized decoder ({cfg['layers']} layers, d={cfg['d']}, "
+        f"{cfg['heads']} heads, {cfg['dtype']}, {param_bytes / 2**20:.0f} MiB of parameters), "
+        f"batch {cfg['batch']}×{cfg['seq']}, {cfg['device']}"
+    )
+    for name, row in rows.items():
+        copies = "" if name == "floor" else f"  {row['copies_above_floor']:+.2f} copies"
+        print(f"{name:>19}: {row['peak_bytes'] / 2**20:9.1f} MiB{copies}")
+    return 0
