@@ -403,3 +403,48 @@ def interpolated_cases(draw, s=None):
     A = well_conditioned(gen, batch, h, h)
     omega = torch.randn(*batch, h, h, generator=gen, dtype=torch.float64)
     return InterpolatedGLQuotient(n, s), x, u, v, A, omega
+
+
+def assert_parts_read_and_write_like_the_geometry(geometry, seed: int = 1):
+    """The parts of :class:`~quotientgeo.perturbation.Perturbations` (chunks of symmetry
+    blocks, one block per chunk or all together, and pieces of the adaptive rest) read the
+    points and the adaptive entries of ``geometry.gather()`` bit for bit, write random points
+    back exactly as ``geometry.scatter`` places them, and cut one random draw of the kinds and
+    of ``w`` into parts exactly as ``scatter`` places that draw."""
+    from quotientgeo.perturbation import Perturbations
+
+    dtype = geometry.compute_dtype
+    points, w = geometry.gather()
+    g = torch.Generator().manual_seed(seed)
+    new = [torch.randn(p.shape, generator=g, dtype=p.dtype) for p in points]
+    new_w = torch.randn(w.shape, generator=g, dtype=w.dtype)
+    expected = geometry.scatter(new, new_w)
+    for chunk_bytes in (None, 1):
+        space = Perturbations(geometry, "second_order", chunk_bytes=chunk_bytes)
+        params = space.local()
+        for ki, chunks in enumerate(space.chunks):
+            got = torch.cat([c.read(params, dtype) for c in chunks])
+            assert torch.equal(got, points[ki]) and got.dtype == points[ki].dtype
+        if chunk_bytes == 1:  # one block (or one product) per chunk
+            assert all(len(c.blocks) == 1 or c.heads == 1 for c in space.all_chunks())
+        rest = [p.read(params, dtype) for p in space.rest]
+        assert sum(r.numel() for r in rest) == w.numel()
+        targets = {n: torch.zeros_like(t) for n, t in params.items()}
+        for ki, chunks in enumerate(space.chunks):
+            for c in chunks:
+                c.write_(targets, new[ki][c.offset : c.offset + c.heads])
+        for piece in space.rest:
+            piece.write_(targets, piece.read(expected, dtype))
+        for name, value in expected.items():
+            assert torch.equal(targets[name], value), name
+        # one draw per kind, then one over w, cut into the parts
+        draws = list(space.random_parts(torch.Generator().manual_seed(seed)))
+        g = torch.Generator().manual_seed(seed)
+        kinds = [torch.randn(p.shape, generator=g, dtype=dtype) for p in points]
+        flat = torch.randn(w.shape, generator=g, dtype=dtype) if w.numel() else w
+        placed = geometry.scatter(kinds, flat)
+        targets = {n: torch.zeros_like(t) for n, t in params.items()}
+        for part, e in draws:
+            part.write_(targets, e)
+        for name, value in placed.items():
+            assert torch.equal(targets[name], value), name

@@ -137,10 +137,14 @@ def main(out: str) -> None:
         record[name] = {
             "alone": alone,
             "sharded": got,
-            "restored": all(torch.equal(p.to_local(), before[n]) for n, p in split.named_parameters())
+            "restored": all(
+                torch.equal(p.to_local(), before[n]) for n, p in split.named_parameters()
+            )
             and all(p.grad is grads[n] for n, p in split.named_parameters()),
             "batches_refused": refused,
-            "sam": {v: sam_gap(model, loss_fn, ids, layers, v) for v in ("geodesic", "sam", "asam")},
+            "sam": {
+                v: sam_gap(model, loss_fn, ids, layers, v) for v in ("geodesic", "sam", "asam")
+            },
         }
     # the maximiser's buffers: the first measure of each model ran alone, the sixth sharded
     record["state_bytes"] = {"alone": sizes[0], "sharded": sizes[5]}

@@ -8,7 +8,11 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import assert_roundtrip_exact, tiny_bert
+from conftest import (
+    assert_parts_read_and_write_like_the_geometry,
+    assert_roundtrip_exact,
+    tiny_bert,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -632,7 +636,7 @@ def test_locate_without_a_layer_index():
     assert geometry.plan.rest_names == ("0.bias", "2.bias")
 
 
-def _flat_index_cases():
+def _layout_cases():
     def partial():
         torch.manual_seed(0)
         geometry = ParameterGeometry(TwoLayer().to(DT))
@@ -653,30 +657,8 @@ def _flat_index_cases():
     }
 
 
-@pytest.mark.parametrize("case", list(_flat_index_cases()))
-def test_flat_index_gathers_and_assigns_like_the_geometry(case):
-    """``FlatIndex`` (gather as indexing into the flat parameters) reads the points and the
-    adaptive vector of :meth:`ParameterGeometry.gather` bit for bit, and writes random points
-    back exactly as :meth:`ParameterGeometry.assign_` does."""
-    from quotientgeo.geometry.transfer import FlatIndex
-
-    geometry = _flat_index_cases()[case]()
-    index = FlatIndex(geometry.plan, geometry.params, geometry.compute_dtype)
-    flat = index.flat(list(geometry.params.values()))
-    points, w = geometry.gather()
-    got, got_w = index.gather(flat)
-    assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(got, points, strict=True))
-    assert torch.equal(got_w, w)
-    g = torch.Generator().manual_seed(1)
-    new = [torch.randn(p.shape, generator=g, dtype=p.dtype) for p in points]
-    new_w = torch.randn(w.shape, generator=g, dtype=w.dtype)
-    before = {n: p.detach().clone() for n, p in geometry.params.items()}
-    geometry.assign_(new, new_w)
-    expected = {n: p.detach().clone() for n, p in geometry.params.items()}
-    with torch.no_grad():
-        for n, p in geometry.params.items():
-            p.copy_(before[n])
-    index.assign_(flat, new, new_w)
-    for n, p in geometry.params.items():
-        assert torch.equal(p, expected[n]), n
-        assert not torch.equal(p, before[n]), n
+@pytest.mark.parametrize("case", list(_layout_cases()))
+def test_parts_read_and_write_like_the_geometry(case):
+    """The parts the measures and GeodesicSAM work on read, write and draw as ``gather`` and
+    ``scatter`` do (:func:`conftest.assert_parts_read_and_write_like_the_geometry`)."""
+    assert_parts_read_and_write_like_the_geometry(_layout_cases()[case]())

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_parts_read_and_write_like_the_geometry
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -713,25 +714,11 @@ def test_the_docs_code_blocks_run():
         exec(compile(block, str(DOCS), "exec"), namespace)
 
 
-def test_flat_index_reads_and_writes_products_like_the_geometry():
-    """Gather as indexing into the flat parameters (``FlatIndex``) holds for product points and
-    partly covered parameters, stacked or not (the other layouts: tests/test_geometry.py)."""
-    from quotientgeo.geometry.transfer import FlatIndex
-
+def test_parts_read_and_write_products_like_the_geometry():
+    """The parts the measures work on read and write product points and partly covered
+    parameters as ``gather`` and ``scatter`` do, stacked or not (the other layouts:
+    tests/test_geometry.py)."""
     torch.manual_seed(0)
     model = Wide().to(DT)
     for stacked in (True, False):
-        geometry = declare_wide(model, stacked)
-        index = FlatIndex(geometry.plan, geometry.params, geometry.compute_dtype)
-        flat = index.flat(list(geometry.params.values()))
-        points, w = geometry.gather()
-        got, got_w = index.gather(flat)
-        assert all(torch.equal(a, b) for a, b in zip(got, points, strict=True))
-        assert torch.equal(got_w, w)
-        before = {n: p.detach().clone() for n, p in geometry.params.items()}
-        index.assign_(flat, [x + 1.0 for x in points], w - 1.0)
-        expected = geometry.scatter([x + 1.0 for x in points], w - 1.0)
-        for n, p in geometry.params.items():
-            assert torch.equal(p, expected[n]), n
-            with torch.no_grad():
-                p.copy_(before[n])
+        assert_parts_read_and_write_like_the_geometry(declare_wide(model, stacked))

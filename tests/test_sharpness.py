@@ -13,10 +13,13 @@ import numpy as np
 import pytest
 import torch
 from conftest import assert_same, assert_sharpness_invariance, relative_change, snapshot, tiny_bert
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.optimize import brentq
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
+import quotientgeo.perturbation as perturbation_module
 import quotientgeo.sharpness.apgd as apgd_module
 from quotientgeo.geometry import ParameterGeometry
 from quotientgeo.manifolds import (
@@ -27,6 +30,7 @@ from quotientgeo.manifolds import (
     ScaleQuotient,
 )
 from quotientgeo.sharpness import (
+    Measure,
     SharpnessResult,
     adaptive_sharpness,
     average_sharpness,
@@ -331,6 +335,144 @@ def test_device_side_tracking_matches_host_tracking(transformer_problem, monkeyp
     device = geodesic_sharpness(model, classification_loss, batches, **kw)
     assert host.worst_losses == device.worst_losses and host.trace == device.trace
     assert host.perturbation_norms == device.perturbation_norms
+
+
+def _reference_auto_pgd(f, M, rho, n_iter, start):
+    """Auto-PGD as the reference code writes it: explicit vectors, and the gradient at the best
+    point kept for the restarts. ``f`` maps a vector to a 0-dim tensor; the ball's metric is
+    the SPD matrix ``M``."""
+
+    def grad(x):
+        x = x.detach().requires_grad_(True)
+        value = f(x)
+        return value.detach(), torch.linalg.solve(M, torch.autograd.grad(value, x)[0])
+
+    def into_ball(v):
+        return v * (rho / (v @ M @ v).sqrt()).clamp(max=1.0)
+
+    marks = set(apgd_module.checkpoints(n_iter))
+    c = c_prev = start
+    eta = prev_eta = 2 * rho
+    prev_cp, n_updates, losses = 0, 0, []
+    best = best_c = best_g = prev_best = None
+    for k in range(n_iter + 1):
+        loss, g = grad(c)
+        losses.append(float(loss))
+        if k == 0:
+            best, best_c, best_g, prev_best = loss, c, g, float(loss)
+        elif loss > best:
+            n_updates += 1
+            best, best_c, best_g = loss, c, g
+        if k == n_iter:
+            break
+        if k in marks:
+            stalled = n_updates < 0.75 * (k - prev_cp)
+            frozen = prev_eta == eta and prev_best == float(best)
+            prev_eta, prev_best, prev_cp, n_updates = eta, float(best), k, 0
+            if stalled or frozen:
+                eta *= 0.5
+                c, c_prev, g = best_c, best_c, best_g
+        z = into_ball(c + eta * g / (g @ M @ g).sqrt())
+        new = z if k == 0 else into_ball(c + 0.75 * (z - c) + 0.25 * (c - c_prev))
+        c_prev, c = c, new
+    return float(best), best_c, losses
+
+
+class _VectorIterates:
+    """:class:`~quotientgeo.sharpness.apgd.Iterates` as plain vectors in the metric ``M``; the
+    gradient at an earlier best point is evaluated again at a restart."""
+
+    def __init__(self, f, M, start):
+        self.f, self.M = f, M
+        self.cur, self.prev, self.best = start, start, start
+        self.euclidean = self.g = None
+        self.evaluations = 0
+
+    def value(self, k, grad):
+        self.evaluations += 1
+        x = self.cur.detach().requires_grad_(grad)
+        with torch.enable_grad():
+            value = self.f(x)
+            if grad:
+                self.euclidean = torch.autograd.grad(value, x)[0]
+        return value.detach()
+
+    def gram(self):
+        self.g = torch.linalg.solve(self.M, self.euclidean)
+        V = torch.stack([self.cur, self.prev, self.g])
+        return V @ self.M @ V.T
+
+    def keep_best(self, keep):
+        if bool(keep):
+            self.best = self.cur
+
+    def advance(self, c, keep=False):
+        self.keep_best(keep)
+        self.prev, self.cur = self.cur, c[0] * self.cur + c[1] * self.prev + c[2] * self.g
+
+    def restart(self, best_is_current, k):
+        self.cur = self.prev = self.best
+        if not best_is_current:
+            self.value(k, True)
+
+
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 7), n_iter=st.integers(1, 40))
+@settings(max_examples=30, deadline=None)
+def test_auto_pgd_on_gram_matrices_follows_the_reference(seed, n, n_iter):
+    """Auto-PGD on the Gram matrix of (current, previous, gradient), with the gradient at an
+    earlier best point evaluated again at a restart, follows the reference implementation
+    (explicit vectors, the best point's gradient kept) iterate for iterate, in a random metric
+    and on a random non-concave function."""
+    g = torch.Generator().manual_seed(seed)
+    A = torch.randn(n, n, generator=g, dtype=DT)
+    M = A @ A.T + n * torch.eye(n, dtype=DT)
+    B, a = torch.randn(n, n, generator=g, dtype=DT), torch.randn(n, generator=g, dtype=DT)
+
+    def f(x):
+        return torch.sin(3 * a @ x) + x @ B @ x - (x**4).sum()
+
+    rho = 0.5
+    start = torch.zeros(n, dtype=DT)
+    best, best_c, losses = _reference_auto_pgd(f, M, rho, n_iter, start)
+    iterates = _VectorIterates(f, M, start)
+    got, got_losses = apgd_module.auto_pgd(iterates, rho=rho, n_iter=n_iter)
+    torch.testing.assert_close(got_losses, torch.tensor(losses, dtype=DT), rtol=1e-12, atol=1e-12)
+    assert float(got) == pytest.approx(best, rel=1e-12, abs=1e-12)
+    # the best point is the one of the best value (at a flat maximum, iterates 1e-9 apart tie
+    # to rounding, so the value, not the argmax, is compared)
+    assert float(f(iterates.best)) == pytest.approx(float(f(best_c)), rel=1e-12, abs=1e-12)
+    assert float(iterates.best @ M @ iterates.best) <= rho**2 * (1 + 1e-12)
+    restarts = iterates.evaluations - (n_iter + 1)
+    assert 0 <= restarts <= len(apgd_module.checkpoints(n_iter))
+
+
+@pytest.mark.parametrize(
+    "measure",
+    [
+        Measure.geodesic(0.05, metric="mix", n_iter=8),
+        Measure.geodesic(0.05, metric="inv", perturbation="exact", n_iter=8),
+        Measure.geodesic(0.05, metric="mix", norm="adaptive", n_iter=8, restarts=2),
+        Measure.average(0.05, metric="inv", n_samples=4),
+    ],
+    ids=["mix", "inv exact", "adaptive norm, restarts", "average"],
+)
+def test_values_do_not_depend_on_how_the_blocks_are_chunked(
+    transformer_problem, monkeypatch, measure
+):
+    """The geometry works on chunks of blocks and pieces of parameters to bound its memory:
+    one block per chunk and one-entry-wide pieces give the values of the whole kinds at once
+    (each head's arithmetic is the same; only the order of the sums over heads changes)."""
+    model, batches = transformer_problem
+    whole = measure.evaluate(model, classification_loss, batches, progress=False)
+    monkeypatch.setattr(perturbation_module, "CHUNK_FRACTION", 0.0)
+    monkeypatch.setattr(perturbation_module, "MIN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(perturbation_module, "PIECE", 7)
+    chunked = measure.evaluate(model, classification_loss, batches, progress=False)
+    assert chunked.per_batch == pytest.approx(whole.per_batch, rel=1e-12, abs=1e-15)
+    flat = [v for batch in whole.trace for run in batch for v in run]
+    assert [v for batch in chunked.trace for run in batch for v in run] == pytest.approx(
+        flat, rel=1e-12, abs=1e-15
+    )
 
 
 def test_checkpoints_match_auto_pgd():

@@ -1,7 +1,10 @@
 """Gather points from parameters and scatter (perturbed) points back, following a :class:`Plan`.
 
-Scatter uses differentiable views, transposes and concatenations only (slice scatters where
-blocks cover parameters partially) and never writes to the model.
+:func:`gather` and :func:`scatter` move every kind at once: scatter uses differentiable
+views, transposes and concatenations only (slice scatters where blocks cover parameters
+partially) and never writes to the model. :func:`gather_blocks` and :func:`write_blocks_` move
+some blocks of one kind, reading from and writing into tensors in parameter layout in place:
+the chunks that the maximiser and the optimizer work on.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from .product import span_values
 
 Tensor = torch.Tensor
 
-__all__ = ["gather", "scatter"]
+__all__ = ["gather", "gather_blocks", "scatter", "write_blocks_"]
 
 
 def _mask(plan: Plan, name: str, device: torch.device) -> Tensor:
@@ -217,49 +220,3 @@ def _scatter_stacked(plan: Plan, params, points: Sequence[Tensor]) -> dict[str, 
             p = params[name]
             out[name] = v.reshape(p.shape).to(p.dtype)
     return out
-
-
-class FlatIndex:
-    """:func:`gather` and its inverse as indexing into the flat concatenation of the parameters.
-
-    :func:`gather` only selects and re-arranges entries, so applied to the *positions*
-    ``0, 1, …`` of the entries in ``flat = cat(p.reshape(-1) for p in params)`` it returns, per
-    kind, where each entry of the points comes from. Then ``gather(params)`` is
-    ``[flat[i] for i in index], flat[index_w]`` and writing points back is ``flat[i] = point``:
-    one indexing per kind instead of the per-region views, for loops that gather and write
-    back every step (sharpness-aware training). The positions cost one ``int64`` per covered
-    entry. The values are bit-identical to :func:`gather`'s.
-    """
-
-    def __init__(self, plan: Plan, params: Mapping[str, Tensor], dtype: torch.dtype):
-        self.params = list(params.values())
-        self.dtype = dtype
-        self.sizes = [p.numel() for p in self.params]
-        device = self.params[0].device if self.params else torch.device("cpu")
-        starts = torch.tensor([0, *self.sizes], device=device).cumsum(0).tolist()
-        positions = {
-            name: torch.arange(start, start + p.numel(), device=device).view(p.shape)
-            for (name, p), start in zip(params.items(), starts, strict=False)
-        }
-        self.index, self.index_w = gather(plan, positions, torch.int64, device)
-
-    def flat(self, tensors: Sequence[Tensor]) -> Tensor:
-        """``tensors`` (one per parameter, in order) flattened and concatenated, in ``dtype``."""
-        return torch.cat([t.detach().reshape(-1).to(self.dtype) for t in tensors])
-
-    def gather(self, flat: Tensor) -> tuple[list[Tensor], Tensor]:
-        """``(points, w)`` of :func:`gather` read from ``flat``."""
-        return [flat.take(i) for i in self.index], flat.take(self.index_w)
-
-    @torch.no_grad()
-    def assign_(self, flat: Tensor, points: Sequence[Tensor], w: Tensor) -> None:
-        """Write ``points`` and ``w`` into the parameters in place; entries they do not cover
-        keep their values in ``flat``."""
-        new = flat.clone()
-        for i, point in zip(self.index, points, strict=True):
-            new.put_(i, point)
-        new.put_(self.index_w, w)
-        views = [v.view_as(p) for v, p in zip(new.split(self.sizes), self.params, strict=True)]
-        # one fused copy, casting to each parameter's dtype (torch's _foreach ops have no
-        # public names)
-        torch._foreach_copy_(self.params, views)  # pyright: ignore[reportPrivateImportUsage]
