@@ -109,11 +109,17 @@ class PerturbationSpace:
     def sqnorm(self, c: Tensor) -> Tensor:
         return self.ball.inner(self.ball_point, c).sum()
 
-    def inner(self, a: Tensor, b: Tensor) -> Tensor:
-        """``<a, b>`` in the ball metric, summed over the batch."""
-        if a is b:
-            return self.sqnorm(a)
-        return self.ball.inner(self.ball_point, a, b).sum()
+    def gram(self, *vectors: Tensor) -> Tensor:
+        """The Gram matrix ``<vᵢ, vⱼ>`` in the ball's metric, summed over the batch (``k × k``
+        for ``k`` vectors): the metric ``M(x)`` applied once per vector, then dot products."""
+        images = [self.ball.metric(self.ball_point, v).reshape(-1) for v in vectors]
+        flat = [v.reshape(-1) for v in vectors]
+        k = len(vectors)
+        entries = [[None] * k for _ in range(k)]
+        for i in range(k):
+            for j in range(i, k):
+                entries[i][j] = entries[j][i] = torch.dot(flat[i], images[j])
+        return torch.stack([torch.stack(row) for row in entries])  # pyright: ignore[reportArgumentType]
 
     def random(self, e: Tensor) -> Tensor:
         """The horizontal direction of the standard Gaussian draw ``e`` (of the point's shape):
@@ -229,7 +235,7 @@ class Perturbations:
             metric on their points, perturbations kept horizontal).
         rest: the geometry of the adaptive rest (element-wise adaptive; SAM's flat one).
         chunk_bytes: the largest chunk of symmetry blocks, in bytes of the compute dtype
-            (``None``: :data:`CHUNK_FRACTION` of the parameters, at least
+            (``None``: :data:`CHUNK_FRACTION` of the parameters this rank holds, at least
             :data:`MIN_CHUNK_BYTES`, at least one block).
 
     ``params`` are the trainable parameters by name; :meth:`local` gives their local parts
@@ -252,9 +258,9 @@ class Perturbations:
         self.sharded = sh.sharded_parameters(self.params.values())
         plan = geometry.plan
         size = torch.finfo(self.dtype).bits // 8
-        if chunk_bytes is None:
-            total = sum(p.numel() for p in self.params.values()) * size
-            chunk_bytes = max(int(total * CHUNK_FRACTION), MIN_CHUNK_BYTES)
+        if chunk_bytes is None:  # a fraction of what this rank holds
+            held = sum(sh.local(p).numel() for p in self.params.values()) * size
+            chunk_bytes = max(int(held * CHUNK_FRACTION), MIN_CHUNK_BYTES)
         self.chunks: list[list[BlockChunk]] = []
         for ki, kind in enumerate(plan.kinds):
             m = kind.manifold

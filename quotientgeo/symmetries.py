@@ -57,9 +57,9 @@ def geometry_of(
     half = geometry.half_dtypes
     if half:
         warnings.warn(
-            f"the model has {', '.join(half)} parameters: the geometry (points, perturbations, "
-            "projections, norms) is computed in float32 and perturbed weights are cast back to "
-            "the parameters' dtype for the forward pass",
+            f"the model has {', '.join(half)} parameters: the geometry (points, projections, "
+            "geodesic steps, norms) is computed in float32, a part at a time; the iterates are "
+            "kept, and the forward and backward passes run, in the parameters' dtype",
             UserWarning,
             stacklevel=4,
         )

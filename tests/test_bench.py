@@ -71,3 +71,27 @@ def test_sam_bench_json(capsys):
     assert set(result["seconds_per_step"]) == set(result["over_sam"]) == methods
     assert result["over_sam"]["sam"] == 1.0
     assert all(v > 0 for v in result["seconds_per_step"].values())
+
+
+def test_memory_bench_json(capsys):
+    """``bench memory`` runs every contender in its own process and reports its peak in bytes
+    and in parameter copies above the floor's peak."""
+    argv = ["bench", "memory", "--layers", "1", "--d", "16", "--heads", "2", "--vocab", "50"]
+    argv += ["--seq", "8", "--batch", "2", "--n-iter", "2", "--n-samples", "2"]
+    assert main([*argv, "--only", "adaptive", "geodesic_mix", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    peaks = result["peaks"]
+    assert set(peaks) == {"floor", "adaptive", "geodesic_mix"}
+    # GPT2 with vocab 50, 8 positions, d=16, one layer: its trainable parameters in float32
+    d, vocab, positions = 16, 50, 8
+    n_params = vocab * d + positions * d + 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d)
+    n_params += 2 * 4 * d * d + 4 * d + d + 2 * d  # the MLP, the final layer norm
+    assert result["parameter_bytes"] == 4 * n_params
+    floor = peaks["floor"]["peak_bytes"]
+    assert floor > 0
+    for name in ("adaptive", "geodesic_mix"):
+        row = peaks[name]
+        assert row["above_floor_bytes"] == row["peak_bytes"] - floor
+        assert row["copies_above_floor"] == pytest.approx(
+            row["above_floor_bytes"] / result["parameter_bytes"]
+        )

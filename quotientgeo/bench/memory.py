@@ -17,7 +17,10 @@ dtype. On the CPU every contender runs in a process of its own (this command aga
 size at the reset is its peak. glibc is told to return every freed block of 64 KiB or more to
 the system (``MALLOC_MMAP_THRESHOLD_``), so that the resident size follows the live tensors.
 On CUDA the contenders run in this process and ``torch.cuda.max_memory_allocated`` above the
-allocation at the start is the peak.
+allocation at the start is the peak. With ``--shard N`` the model is sharded with FSDP2
+(``fully_shard`` per transformer block and at the root) over ``N`` processes started by
+``torchrun``, each passing the same batch; the peak is the largest of the ranks', and the copies
+stay counted in copies of the whole model's parameters (a rank holds ``1/N`` of each).
 """
 
 from __future__ import annotations
@@ -79,6 +82,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--only", nargs="+", choices=CONTENDERS, default=None, help="contenders to run"
     )
     parser.add_argument(
+        "--shard",
+        type=int,
+        default=1,
+        help="shard the model with FSDP2 over this many processes (torchrun; gloo on the CPU, "
+        "nccl on CUDA) and report the largest peak of a rank",
+    )
+    parser.add_argument(
         "--contender",
         choices=CONTENDERS,
         default=None,
@@ -137,9 +147,30 @@ def _status(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
+def _sharded(model: torch.nn.Module, args: argparse.Namespace) -> torch.nn.Module:
+    """``model`` sharded with FSDP2 over the ranks of a process group started here (one
+    ``fully_shard`` per transformer block and one at the root)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    backend = "gloo" if args.device == "cpu" else "nccl"
+    dist.init_process_group(backend)
+    if args.device != "cpu":
+        torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
+        model = model.to(f"cuda:{torch.cuda.current_device()}")
+    for block in model.transformer.h:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
 def _run_here(args: argparse.Namespace) -> dict[str, int]:
-    """Build the model, reset the peak, run ``args.contender``: its peak above the start."""
+    """Build the model, reset the peak, run ``args.contender``: its peak above the start (the
+    largest over the ranks where sharded)."""
     model, loss_fn, batch = build(args)
+    if args.shard > 1:
+        model = _sharded(model, args)
+        batch = batch.to(next(model.parameters()).device)
     fn = contender(args.contender, args, model, loss_fn, batch)
     if args.device == "cpu":
         Path("/proc/self/clear_refs").write_text("5")  # the peak RSS restarts from now
@@ -154,13 +185,27 @@ def _run_here(args: argparse.Namespace) -> dict[str, int]:
         fn()
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device)
-    return {"peak_bytes": peak - start, "parameter_bytes": parameter_bytes(model)}
+    out = {"peak_bytes": peak - start, "parameter_bytes": parameter_bytes(model)}
+    if args.shard > 1:
+        import torch.distributed as dist
+
+        peaks: list = [None] * dist.get_world_size()
+        dist.all_gather_object(peaks, peak - start)
+        out["peak_bytes"] = max(peaks)
+        out["rank_peaks"] = peaks
+        dist.destroy_process_group()
+    return out
 
 
-def _run_child(name: str, argv: list[str]) -> dict[str, int]:
-    """``name`` in a fresh process (this command with ``--contender name``)."""
+def _run_child(name: str, argv: list[str], shard: int) -> dict[str, int]:
+    """``name`` in a fresh process (this command with ``--contender name``), or in ``shard``
+    processes started by ``torchrun``."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
-    command = [sys.executable, "-m", "quotientgeo.cli", "bench", "memory", *argv]
+    command = [sys.executable]
+    if shard > 1:
+        command += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(shard)]
+        argv = [*argv, "--shard", str(shard)]
+    command += ["-m", "quotientgeo.cli", "bench", "memory", *argv]
     done = subprocess.run(
         [*command, "--contender", name], env=env, capture_output=True, text=True, check=False
     )
@@ -187,7 +232,9 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.contender is not None:
-        print(json.dumps(_run_here(args)))
+        result = _run_here(args)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(json.dumps(result))
         return 0
     names = ["floor", *[n for n in CONTENDERS[1:] if args.only is None or n in args.only]]
     peaks: dict[str, dict[str, int]] = {}
@@ -196,7 +243,9 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit("bench memory on the CPU reads /proc (Linux)")
         argv = _forwarded(args)
         for name in names:
-            peaks[name] = _run_child(name, argv)
+            peaks[name] = _run_child(name, argv, args.shard)
+    elif args.shard > 1:
+        raise SystemExit("--shard on CUDA: run this command under torchrun with --contender")
     else:
         for name in names:
             args.contender = name
@@ -213,21 +262,35 @@ def run(args: argparse.Namespace) -> int:
         }
         for name, p in peaks.items()
     }
+    if args.shard > 1:
+        for name, p in peaks.items():
+            rows[name]["rank_peak_bytes"] = p["rank_peaks"]
     out = {
         "parameter_bytes": param_bytes,
         "peaks": rows,
         "config": run_config(
-            args, "layers", "d", "heads", "vocab", "seq", "batch", "dtype", "n_iter", "n_samples"
+            args,
+            "layers",
+            "d",
+            "heads",
+            "vocab",
+            "seq",
+            "batch",
+            "dtype",
+            "n_iter",
+            "n_samples",
+            "shard",
         ),
     }
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
     cfg = out["config"]
+    sharded = f", sharded over {args.shard} processes (largest rank)" if args.shard > 1 else ""
     print(
         f"peak memory, GPT-2-sized decoder ({cfg['layers']} layers, d={cfg['d']}, "
         f"{cfg['heads']} heads, {cfg['dtype']}, {param_bytes / 2**20:.0f} MiB of parameters), "
-        f"batch {cfg['batch']}×{cfg['seq']}, {cfg['device']}"
+        f"batch {cfg['batch']}×{cfg['seq']}, {cfg['device']}{sharded}"
     )
     for name, row in rows.items():
         copies = "" if name == "floor" else f"  {row['copies_above_floor']:+.2f} copies"

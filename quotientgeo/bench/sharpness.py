@@ -14,9 +14,11 @@ feed-forward width ``4d``) on one batch of ``batch × seq`` random inputs. Conte
 
 Ratios (``geodesic_mix/adaptive``, ``geodesic_inv/adaptive``, ``adaptive/floor``,
 ``exact_inv/second_order_inv``) are medians over rounds of the per-round ratios; seconds are
-medians over rounds. On CUDA the JSON also holds the peak memory of one forward+backward pass
-and of each measure (``n_iter`` iterations), and each measure's peak over
-``1.2 × floor + one copy of the parameters``.
+medians over rounds. An iteration can cost more than one evaluation of the loss: a restart from
+an earlier best point evaluates its gradient again, and the first-order move of the worst
+point costs one forward pass. ``evaluations_per_iteration`` counts the calls of ``loss_fn`` per
+extra iteration, and ``ratios_per_evaluation`` divides each ratio by the ratio of those
+counts. Peak memory is measured by ``quotientgeo bench memory`` (:mod:`.memory`).
 """
 
 from __future__ import annotations
@@ -76,9 +78,21 @@ def run(args: argparse.Namespace) -> int:
         cross_entropy(model, batch).backward()
         model.zero_grad(set_to_none=True)
 
+    evaluations: dict[str, int] = {}
+
     def measure(name: str, n_iter: int):
         m = MEASURES[name].replace(n_iter=n_iter)
-        return lambda: m.evaluate(model, cross_entropy, [batch], progress=False)
+        key = f"{name}@{n_iter}"
+
+        def counted(model, batch):
+            evaluations[key] = evaluations.get(key, 0) + 1
+            return cross_entropy(model, batch)
+
+        def run():
+            evaluations[key] = 0
+            m.evaluate(model, counted, [batch], progress=False)
+
+        return run
 
     short, long = args.n_iter, args.n_iter + args.extra
     contenders: dict[str, Callable[[], object]] = {"floor": floor}
@@ -96,15 +110,18 @@ def run(args: argparse.Namespace) -> int:
     out["ratios"] = {
         key: median_ratio(per_iteration[a], per_iteration[b]) for key, (a, b) in RATIOS.items()
     }
-    if device.type == "cuda":
-        floor_peak = _peak_bytes(floor, device)
-        params = sum(p.numel() * p.element_size() for p in model.parameters())
-        out["peak_memory_bytes"] = {"floor": floor_peak, "parameters": params}
-        for name in MEASURES:
-            peak = _peak_bytes(measure(name, short), device)
-            out["peak_memory_bytes"][name] = peak
-            # target: peak <= 1.2 × (forward+backward) + one copy of the parameters
-            out["ratios"][f"{name}_peak/(1.2·floor+params)"] = peak / (1.2 * floor_peak + params)
+    # forward passes of loss_fn per iteration: 1, plus the restarts' evaluations at the best
+    # point and the first-order move's forward, spread over the extra iterations
+    per_evaluation = {"floor": 1.0}
+    for name in MEASURES:
+        per_evaluation[name] = (evaluations[f"{name}@{long}"] - evaluations[f"{name}@{short}"]) / (
+            args.extra
+        )
+    out["evaluations_per_iteration"] = {k: v for k, v in per_evaluation.items() if k != "floor"}
+    out["ratios_per_evaluation"] = {
+        key: out["ratios"][key] * per_evaluation[b] / per_evaluation[a]
+        for key, (a, b) in RATIOS.items()
+    }
     out["config"] = run_config(
         args, "layers", "d", "heads", "seq", "batch", "n_iter", "extra", "rounds"
     )
@@ -116,14 +133,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name:>18}: {out[f'{name}_s']:.4f} s/iteration")
     for key, value in out["ratios"].items():
         print(f"{key:>27}: {value:.3f}")
+    for name, value in out["evaluations_per_iteration"].items():
+        print(f"{name:>18}: {value:.2f} evaluations/iteration")
+    for key, value in out["ratios_per_evaluation"].items():
+        print(f"{key:>27}: {value:.3f} per evaluation")
     return 0
-
-
-def _peak_bytes(fn, device: torch.device) -> int:
-    """Peak CUDA memory allocated by ``fn()`` above what was allocated before it."""
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    start = torch.cuda.memory_allocated(device)
-    fn()
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - start

@@ -135,8 +135,10 @@ class SAMTrainer(Trainer):
     does without SAM. **Distributed** (DDP, one process per GPU): the gradient at ``w`` is
     all-reduced by DDP in the last micro-batch's backward, so every rank moves to the same
     ``w̃`` (the perturbation of the global batch, as on one device); the second pass syncs
-    only in its last micro-batch's backward, as the Trainer does. FSDP and DeepSpeed shard
-    the weights, which the geometry needs whole: they raise ``ValueError``.
+    only in its last micro-batch's backward, as the Trainer does. FSDP and DeepSpeed raise
+    ``ValueError``: accelerate enables FSDP on GPUs only, where this class is not tested yet
+    (:class:`~quotientgeo.optim.GeodesicSAM` itself steps a model sharded with FSDP2), and
+    DeepSpeed steps the weights itself.
     """
 
     def __init__(self, *args: Any, sam: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
@@ -144,10 +146,17 @@ class SAMTrainer(Trainer):
         self.sam_optimizer: GeodesicSAM | None = None
         self._window: list[Any] = []
         super().__init__(*args, **kwargs)
-        if self.is_deepspeed_enabled or self.is_fsdp_enabled:
+        if self.is_deepspeed_enabled:
             raise ValueError(
-                "SAMTrainer needs every rank to hold the whole weights (one process per device, "
-                "DistributedDataParallel); FSDP and DeepSpeed shard them"
+                "SAMTrainer does not support DeepSpeed, which shards the weights and steps them "
+                "itself; use DistributedDataParallel (one process per device)"
+            )
+        if self.is_fsdp_enabled:
+            raise ValueError(
+                "SAMTrainer does not support FSDP yet: accelerate enables it on GPUs only, and "
+                "it has not been tested there. GeodesicSAM itself steps a model sharded with "
+                "FSDP2 (torch.distributed.fsdp.fully_shard): use it in a training loop of your "
+                "own, or DistributedDataParallel with SAMTrainer"
             )
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:

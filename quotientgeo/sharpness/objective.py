@@ -37,7 +37,6 @@ from torch import nn
 from ..diagnosis import Diagnosis
 from ..geometry import ParameterGeometry
 from ..geometry import shards as sh
-from ..linalg import tensor_sum
 from ..perturbation import BlockChunk, Perturbations, RestPiece
 from .ranks import Local
 
@@ -237,26 +236,16 @@ class Objective:
         ``ξ_k`` (the map's vector-Jacobian product of ``.grad``, then ``egrad2rgrad``),
         replaces ``.grad``."""
         grads = self.gradients()
-        replicated, local = [], []
+        sums = _Sums(self, (3, 3))
         with self.diagnosis.located():
             for part in self.space.parts():
-                x = part.read(self.x0, self.dtype)
-                s = part.space(x)
+                s = part.space(part.read(self.x0, self.dtype))
                 xi = self._part_current(part)
                 prev = part.read(self.previous, self.dtype)
                 g = s.rgrad(s.pullback(xi, part.read(grads, self.dtype)))
                 part.write_(grads, g)
-                entries = [s.inner(u, v) for u, v in _PAIRS(xi, prev, g)]
-                (local if _is_local(part) else replicated).append(entries)
-        return _gram(self._total(local), _sum(replicated, self))
-
-    def _total(self, local: list[list[Tensor]]) -> Tensor:
-        """The entry-wise sums of ``local`` rows over this rank's parts and every other rank's
-        (one all-reduce where parameters are sharded)."""
-        total = _sum(local, self)
-        if self.space.sharded:
-            torch.distributed.all_reduce(total)
-        return total
+                sums.add(part, s.gram(xi, prev, g))
+        return sums.total()
 
     def _part_current(self, part: BlockChunk | RestPiece) -> Tensor:
         if isinstance(part, BlockChunk) or part.name in self.current:
@@ -318,13 +307,12 @@ class Objective:
     @torch.no_grad()
     def sqnorm(self, xi: Mapping[str, Tensor]) -> Tensor:
         """``||ξ||²_x`` in the ball's metric (0-dim, compute dtype)."""
-        replicated, local = [], []
+        sums = _Sums(self, ())
         with self.diagnosis.located():
             for part in self.space.parts():
                 s = part.space(part.read(self.x0, self.dtype))
-                entry = [s.sqnorm(part.read(xi, self.dtype))]
-                (local if _is_local(part) else replicated).append(entry)
-        return self._total(local)[0] + _sum(replicated, self)[0]
+                sums.add(part, s.sqnorm(part.read(xi, self.dtype)))
+        return sums.total()
 
     def first_order_loss(self, xi: Mapping[str, Tensor], where: Where) -> Tensor:
         """Loss at the first-order move ``x + ξ``: one no-grad forward."""
@@ -350,16 +338,14 @@ class Objective:
     def random_(self, out: Mapping[str, Tensor], gen: torch.Generator, rho: float) -> None:
         """``out ←`` a horizontal direction of norm ``rho``, isotropic in the ball's metric at
         the base point (:meth:`Perturbations.random_parts`)."""
-        replicated, local = [], []
+        sums = _Sums(self, ())
         with self.diagnosis.located():
             for part, e in self.space.random_parts(gen):
                 s = part.space(part.read(self.x0, self.dtype))
                 xi = s.random(e)
                 part.write_(out, xi)
-                entry = [s.sqnorm(xi)]
-                (local if _is_local(part) else replicated).append(entry)
-        total = self._total(local)[0] + _sum(replicated, self)[0]
-        scale = rho / total.sqrt()
+                sums.add(part, s.sqnorm(xi))
+        scale = rho / sums.total().sqrt()
         for t in out.values():
             t.mul_(scale.to(t.dtype))
 
@@ -390,36 +376,26 @@ class Objective:
         raise ValueError(f"{message}; the model is restored")
 
 
-def _is_local(part: BlockChunk | RestPiece) -> bool:
-    """Is ``part`` this rank's share of a sharded parameter (its sums add over ranks)? A chunk
-    is read whole on every rank."""
-    return isinstance(part, RestPiece) and part.sharded
+class _Sums:
+    """Sums of per-part values, accumulated in place (no small tensor is kept per part, where
+    it could split the heap's large free blocks). A chunk is read whole on every rank; a piece
+    of a sharded parameter is this rank's share, and those sums add over ranks at the end (one
+    all-reduce)."""
+
+    def __init__(self, objective: Objective, shape: tuple[int, ...]):
+        kw = {"dtype": objective.dtype, "device": objective.device}
+        self.whole, self.shares = torch.zeros(shape, **kw), torch.zeros(shape, **kw)
+        self.sharded = objective.space.sharded
+
+    def add(self, part: BlockChunk | RestPiece, value: Tensor) -> None:
+        shared = isinstance(part, RestPiece) and part.sharded
+        (self.shares if shared else self.whole).add_(value)
+
+    def total(self) -> Tensor:
+        if self.sharded:
+            torch.distributed.all_reduce(self.shares)
+        return self.whole + self.shares
 
 
 def _flat(t: Tensor) -> Tensor:
     return t.view(-1) if t.is_contiguous() else t.reshape(-1)
-
-
-def _PAIRS(xi: Tensor, prev: Tensor, g: Tensor):
-    """The pairs of the upper triangle of the Gram matrix of ``(ξ, ξ_prev, g)``."""
-    return ((xi, xi), (xi, prev), (xi, g), (prev, prev), (prev, g), (g, g))
-
-
-def _sum(rows: list[list[Tensor]], objective: Objective) -> Tensor:
-    """Entry-wise sums of ``rows`` (one row of scalars per part) as one tensor (6 zeros for
-    no row)."""
-    if not rows:
-        return torch.zeros(6, dtype=objective.dtype, device=objective.device)
-    return torch.stack([tensor_sum(column) for column in zip(*rows, strict=True)])
-
-
-def _gram(local: Tensor, replicated: Tensor) -> Tensor:
-    """The symmetric 3 × 3 Gram matrix from its upper triangle (``_PAIRS`` order)."""
-    e = local + replicated
-    return torch.stack(
-        [
-            torch.stack([e[0], e[1], e[2]]),
-            torch.stack([e[1], e[3], e[4]]),
-            torch.stack([e[2], e[4], e[5]]),
-        ]
-    )
