@@ -385,17 +385,21 @@ class _VectorIterates:
     def __init__(self, f, M, start):
         self.f, self.M = f, M
         self.cur, self.prev, self.best = start, start, start
-        self.euclidean = self.g = None
-        self.evaluations = 0
+        self.euclidean = self.g = self.pending = None
+        self.evaluations = self.backward_passes = 0
 
     def value(self, k, grad):
         self.evaluations += 1
         x = self.cur.detach().requires_grad_(grad)
         with torch.enable_grad():
             value = self.f(x)
-            if grad:
-                self.euclidean = torch.autograd.grad(value, x)[0]
+        self.pending = (value, x) if grad else None
         return value.detach()
+
+    def gradient(self):
+        self.backward_passes += 1
+        value, x = self.pending
+        self.euclidean = torch.autograd.grad(value, x)[0]
 
     def gram(self):
         self.g = torch.linalg.solve(self.M, self.euclidean)
@@ -414,6 +418,7 @@ class _VectorIterates:
         self.cur = self.prev = self.best
         if not best_is_current:
             self.value(k, True)
+        self.gradient()
 
 
 @given(seed=st.integers(0, 10_000), n=st.integers(2, 7), n_iter=st.integers(1, 40))
@@ -442,8 +447,11 @@ def test_auto_pgd_on_gram_matrices_follows_the_reference(seed, n, n_iter):
     # to rounding, so the value, not the argmax, is compared)
     assert float(f(iterates.best)) == pytest.approx(float(f(best_c)), rel=1e-12, abs=1e-12)
     assert float(iterates.best @ M @ iterates.best) <= rho**2 * (1 + 1e-12)
+    # one forward pass per iteration and one per restart from an earlier best point; one
+    # backward pass per step (the last evaluation has none)
     restarts = iterates.evaluations - (n_iter + 1)
     assert 0 <= restarts <= len(apgd_module.checkpoints(n_iter))
+    assert iterates.backward_passes == n_iter
 
 
 @pytest.mark.parametrize(

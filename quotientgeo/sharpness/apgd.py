@@ -40,7 +40,11 @@ class Iterates(Protocol):
     """The iterates ``ξ_k``, ``ξ_{k-1}``, the best one, and the function being maximised."""
 
     def value(self, k: int, grad: bool) -> Tensor:
-        """``f(ξ_k)`` (0-dim); with ``grad``, its gradient is kept for :meth:`gram`."""
+        """``f(ξ_k)`` (0-dim); with ``grad``, what :meth:`gradient` needs is kept."""
+        ...
+
+    def gradient(self) -> None:
+        """The gradient at ``ξ_k`` of the last :meth:`value`, kept for :meth:`gram`."""
         ...
 
     def gram(self) -> Tensor:
@@ -57,7 +61,8 @@ class Iterates(Protocol):
         ...
 
     def restart(self, best_is_current: bool, k: int) -> None:
-        """``ξ_k = ξ_{k-1} = best``, with the gradient at ``best`` kept for :meth:`gram`."""
+        """``ξ_k = ξ_{k-1} = best``, with the gradient at ``best`` kept for :meth:`gram`
+        (:meth:`gradient` where ``best`` is ``ξ_k``, else evaluated at ``best``)."""
         ...
 
 
@@ -112,7 +117,8 @@ def auto_pgd(
     Args:
         iterates: the function and the iterates (:class:`Iterates`).
         rho: radius; n_iter: iterations (``n_iter + 1`` evaluations, the last without
-            gradient, and one more with gradient at each restart from an earlier best point).
+            gradient; at a restart from an earlier best point the current iterate's gradient
+            is not taken, and the best point is evaluated again with its gradient).
         check: called with the values so far at the checkpoints and at the end (to fail early
             on non-finite values).
         advance: called once per iteration (a progress bar).
@@ -162,6 +168,8 @@ def auto_pgd(
                 iterates.keep_best(improved)
                 iterates.restart(bool(improved), k)
                 restarted = True
+        if not restarted:
+            iterates.gradient()
         c = step_coefficients(iterates.gram(), eta, rho, first=k == 0)
         iterates.advance(c, keep=False if restarted else improved)
     assert losses is not None and best is not None

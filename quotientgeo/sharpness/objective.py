@@ -109,6 +109,7 @@ class Objective:
         self.best = space.empty() if worst_case else None
         self.batch: Any = None
         self.where = Where(0)
+        self._pending: tuple[Tensor, Where] | None = None  # a forward pass to differentiate
 
     def _points(self) -> tuple[list[Tensor], Tensor]:
         """The base point gathered (for messages only; ``None`` where sharded)."""
@@ -173,8 +174,8 @@ class Objective:
             self._set_current_(self.previous)
 
     def value(self, k: int | str, grad: bool) -> Tensor:
-        """Loss at the current iterate (0-dim, compute dtype); with ``grad`` its gradient with
-        respect to the weights is left in ``.grad``. ``k`` names the evaluation in messages."""
+        """Loss at the current iterate (0-dim, compute dtype); with ``grad`` the forward pass's
+        graph is kept for :meth:`gradient`. ``k`` names the evaluation in messages."""
         where = self.where.iteration(k) if isinstance(k, int) else Where(self.where.batch, k)
         return self.evaluate(where, grad)
 
@@ -183,24 +184,47 @@ class Objective:
         keeps its type and gains a note naming ``where``."""
         for p in self.space.params.values():
             p.grad = None
+        self._pending = None
 
-        def attempt() -> Tensor:
+        def forward() -> Tensor:
             try:
                 with torch.enable_grad() if grad else torch.no_grad():
                     loss = self._loss(where)
-                    if grad:
-                        if not loss.requires_grad:
-                            raise ValueError(
-                                "loss_fn returned a tensor that does not depend on the "
-                                f"parameters ({where})"
-                            )
-                        loss.backward()
+            finally:
+                if self.space.sharded and not grad:
+                    sh.reshard(self.model)
+            if grad:
+                if not loss.requires_grad:
+                    raise ValueError(
+                        "loss_fn returned a tensor that does not depend on the parameters "
+                        f"({where})"
+                    )
+                self._pending = (loss, where)
+            return loss.detach().reshape(()).to(self.dtype)
+
+        return self.ranks.loss(forward, self.space, where)
+
+    def gradient(self) -> None:
+        """The gradient of the last :meth:`value` (``grad=True``) with respect to the weights,
+        into ``.grad``: the backward pass of its graph."""
+        pending, self._pending = self._pending, None
+
+        def backward() -> None:
+            if pending is None:  # its forward pass failed (and is reported)
+                raise RuntimeError("no forward pass to differentiate")
+            try:
+                pending[0].backward()
             finally:
                 if self.space.sharded:
                     sh.reshard(self.model)
-            return loss.detach().reshape(()).to(self.dtype)
 
-        return self.ranks.evaluate(attempt, self.space, where, grad)
+        self.ranks.gradient(backward, self.space)
+
+    def _drop_gradient(self) -> None:
+        """Forget the last forward pass's graph (its gradient is not wanted)."""
+        self._pending = None
+        if self.space.sharded:
+            sh.reshard(self.model)
 
     def _loss(self, where: Where) -> Tensor:
         try:
@@ -292,16 +316,20 @@ class Objective:
 
     @torch.no_grad()
     def restart(self, best_is_current: bool, k: int) -> None:
-        """``ξ_k = ξ_{k-1} = best``, with the gradient at ``best`` in ``.grad`` (evaluated
-        again unless ``best`` is the current iterate, whose gradient is there)."""
+        """``ξ_k = ξ_{k-1} = best``, with the gradient at ``best`` in ``.grad``: the backward
+        pass of the current iterate's forward pass where ``best`` is the current iterate, else
+        (that graph dropped) one more forward and backward pass at ``best``."""
         assert self.best is not None
         if best_is_current:
+            self.gradient()
             self._copy_current_(self.previous)
             return
+        self._drop_gradient()
         for name, t in self.previous.items():
             t.copy_(self.best[name])
         self._set_current_(self.best)
         self.evaluate(self.where.iteration(k), grad=True)
+        self.gradient()
 
     # ------------------------------------------------------------------ the result
     @torch.no_grad()

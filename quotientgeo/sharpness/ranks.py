@@ -70,10 +70,13 @@ class Local:
         """Global index of this rank's first batch."""
         return 0
 
-    def evaluate(self, evaluate: Callable[[], Tensor], space, where, grad: bool) -> Tensor:
-        """The loss of ``evaluate()`` (which leaves its gradient in ``.grad``) as the measure
-        uses it."""
-        return evaluate()
+    def loss(self, forward: Callable[[], Tensor], space, where) -> Tensor:
+        """The loss that ``forward()`` returns, as the measure uses it."""
+        return forward()
+
+    def gradient(self, backward: Callable[[], None], space) -> None:
+        """``backward()``: the gradient into ``.grad``, as the measure uses it."""
+        backward()
 
     def check_finite(self, finite: bool) -> None:
         """Called with whether the losses so far are finite, before a non-finite one raises."""
@@ -162,20 +165,47 @@ class SplitBatch(_Group):
             )
         return 0
 
-    def evaluate(self, evaluate: Callable[[], Tensor], space, where, grad: bool) -> Tensor:
-        """Averaged over ranks; an exception on this rank is kept (and reported at the next
-        finiteness check) and contributes NaN, so that no rank waits alone."""
+    def loss(self, forward: Callable[[], Tensor], space, where) -> Tensor:
+        """Averaged over ranks (one all-reduce); an exception on this rank is kept (and
+        reported at the next finiteness check) and contributes NaN, so that no rank waits
+        alone."""
         try:
-            loss = evaluate()
+            loss = forward()
             self.local_losses.append((where, loss))  # checked lazily, without a sync here
         except Exception as err:
-            if self.first_failure is None:
-                self.first_failure = f"{where}: {type(err).__name__}: {err}"
+            self._failed(where, err)
             loss = torch.full((), math.nan, dtype=space.dtype, device=space.geometry.device)
-            if grad:
-                for p in space.params.values():
-                    p.grad = torch.zeros_like(p)
-        return self.average(loss, space if grad else None)
+        total = loss.reshape(1).clone()
+        torch.distributed.all_reduce(total)
+        return total[0] / self.world
+
+    def gradient(self, backward: Callable[[], None], space) -> None:
+        """``backward()``, then the gradients averaged over ranks in place (unless the
+        parameters are sharded: FSDP2 averaged them in the backward pass); a rank whose
+        backward (or forward) pass failed contributes zeros."""
+        try:
+            backward()
+        except Exception as err:
+            self._failed(None, err)
+            for p in space.params.values():
+                p.grad = torch.zeros_like(p)
+        if space.sharded:
+            return
+        dist = torch.distributed
+        grads = []
+        for p in space.params.values():
+            if p.grad is None:  # every rank reduces the same tensors
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        for work in [dist.all_reduce(g, async_op=True) for g in grads]:
+            work.wait()  # pyright: ignore[reportOptionalMemberAccess]
+        for g in grads:
+            g.div_(self.world)
+
+    def _failed(self, where, err: Exception) -> None:
+        if self.first_failure is None:
+            at = "" if where is None else f"{where}: "
+            self.first_failure = f"{at}{type(err).__name__}: {err}"
 
     def check_finite(self, finite: bool) -> None:
         if not finite:  # every rank sees the same averaged losses: all get here
@@ -190,22 +220,3 @@ class SplitBatch(_Group):
             if not bool(torch.isfinite(loss)):
                 return f"non-finite loss ({float(loss)}) at {where}"
         return None
-
-    def average(self, loss: Tensor, space) -> Tensor:
-        """The loss averaged over ranks (one all-reduce); with ``space``, also the gradients of
-        its parameters, in place, unless the parameters are sharded (FSDP2 averaged them in
-        the backward pass)."""
-        dist = torch.distributed
-        total = loss.reshape(1).clone()
-        dist.all_reduce(total)
-        if space is not None and not space.sharded:
-            grads = []
-            for p in space.params.values():
-                if p.grad is None:  # every rank reduces the same tensors
-                    p.grad = torch.zeros_like(p)
-                grads.append(p.grad)
-            for work in [dist.all_reduce(g, async_op=True) for g in grads]:
-                work.wait()  # pyright: ignore[reportOptionalMemberAccess]
-            for g in grads:
-                g.div_(self.world)
-        return total[0] / self.world
