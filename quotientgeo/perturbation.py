@@ -240,7 +240,8 @@ class Perturbations:
 
     ``params`` are the trainable parameters by name; :meth:`local` gives their local parts
     (the tensors that the parts read and write); ``chunks`` lists the chunks kind by kind,
-    ``rest`` the pieces of the adaptive rest in the order of ``geometry.gather``'s ``w``.
+    ``rest`` the pieces of the adaptive rest, parameter by parameter in the order of
+    ``geometry.gather``'s ``w``.
     """
 
     def __init__(

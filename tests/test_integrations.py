@@ -504,3 +504,21 @@ def test_restore_puts_the_weights_back_bit_exactly():
     assert_same(params_of(model), before)
     with pytest.raises(RuntimeError, match="second_step needs a first_step"):
         opt.second_step()
+
+
+def test_fsdp_and_deepspeed_are_refused_with_the_reason(tmp_path, monkeypatch):
+    """The Trainer enables FSDP through accelerate on GPUs only, where SAMTrainer is untested:
+    it refuses, and the message points at GeodesicSAM on a fully_shard model."""
+    original = SAMTrainer.create_accelerator_and_postprocess
+
+    def sharded(self):
+        original(self)
+        self.is_fsdp_enabled = True
+
+    monkeypatch.setattr(SAMTrainer, "create_accelerator_and_postprocess", sharded)
+    with pytest.raises(ValueError, match="does not support FSDP yet") as info:
+        SAMTrainer(
+            model=model_of("bert"), args=arguments(tmp_path, 1, 2), train_dataset=samples(4),
+            sam=SAM,
+        )  # fmt: skip
+    assert "GeodesicSAM itself steps a model sharded with FSDP2" in str(info.value)

@@ -166,12 +166,11 @@ class Objective:
         direction of norm ``rho``; ``ξ_{-1} = ξ_0``."""
         self.batch, self.where = batch, where
         if gen is None:
-            for t in (*self.current.values(), *self.previous.values()):
+            for t in self.previous.values():
                 t.zero_()
-            self._set_current_(self.previous)
         else:
             self.random_(self.previous, gen, rho)
-            self._set_current_(self.previous)
+        self._set_current_(self.previous)
 
     def value(self, k: int | str, grad: bool) -> Tensor:
         """Loss at the current iterate (0-dim, compute dtype); with ``grad`` the forward pass's
