@@ -9,8 +9,8 @@ more than a part of the model in the compute dtype at a time:
 - a :class:`BlockChunk`: consecutive symmetry blocks of one kind (a few layers' heads), read
   from parameter tensors as points ``(heads, Σk, h)`` and written back into them; the blocks of
   a sharded parameter are read whole (an all-gather of those parameters, never of the model);
-- a :class:`RestPiece`: a slice of one parameter's entries in the adaptive rest, a view where
-  the parameter is wholly adaptive.
+- a :class:`Piece`: entries of the adaptive rest, whole small parameters and slices of large
+  ones (:data:`PIECE` entries at most), read as one vector.
 
 :class:`Perturbations` lists the parts of a geometry; a part at a base point is a
 :class:`PerturbationSpace`: its manifold at the cached point, the map that applies a tangent
@@ -41,7 +41,9 @@ __all__ = [
     "BlockChunk",
     "PerturbationSpace",
     "Perturbations",
-    "RestPiece",
+    "Piece",
+    "Segment",
+    "Sums",
     "move_of",
 ]
 
@@ -51,7 +53,7 @@ MOVES = {
     Perturbation.EXACT: "expmap",
 }
 
-#: Entries of a parameter in one :class:`RestPiece` (and one piece of an element-wise pass).
+#: Entries of one :class:`Piece` (of the adaptive rest, or of an element-wise pass).
 PIECE = 2**22
 #: A :class:`BlockChunk` holds at most this fraction of the parameters' bytes (in the compute
 #: dtype), and at least one block.
@@ -179,33 +181,30 @@ class BlockChunk:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class RestPiece:
+class Segment:
     """Entries ``start:stop`` of parameter ``name`` (its local part, flattened), those where
-    ``mask`` is true (``None``: all): a part of the adaptive rest, moved along straight lines."""
+    ``mask`` is true (``None``: all)."""
 
     name: str
     start: int
     stop: int
-    mask: Tensor | None
-    manifold: QuotientManifold
-    sharded: bool = False
+    mask: Tensor | None = None
 
-    def _flat(self, t: Tensor) -> Tensor:
-        return (t.view(-1) if t.is_contiguous() else t.reshape(-1))[self.start : self.stop]
+    @functools.cached_property
+    def size(self) -> int:
+        """Entries in the segment."""
+        return self.stop - self.start if self.mask is None else int(self.mask.sum())
 
-    def read(self, tensors: Mapping[str, Tensor], dtype: torch.dtype) -> Tensor:
-        """The piece's entries of ``tensors``: a view where possible (do not write into it)."""
-        values = self._flat(tensors[self.name])
-        if self.mask is not None:
-            values = values[self.mask]
-        return values.to(dtype)
+    def of(self, t: Tensor) -> Tensor:
+        """The segment's entries of ``t``: a view, unless masked or ``t`` is not contiguous."""
+        values = (t.view(-1) if t.is_contiguous() else t.reshape(-1))[self.start : self.stop]
+        return values if self.mask is None else values[self.mask]
 
     @torch.no_grad()
-    def write_(self, tensors: Mapping[str, Tensor], values: Tensor) -> None:
-        t = tensors[self.name]
+    def write_(self, t: Tensor, values: Tensor) -> None:
         if not t.is_contiguous():  # rare: write a whole copy back
             flat = t.reshape(-1).clone()
-            dataclasses.replace(self).write_({self.name: flat}, values)
+            self.write_(flat, values)
             t.copy_(flat.view(t.shape))
             return
         piece = t.view(-1)[self.start : self.stop]
@@ -214,13 +213,73 @@ class RestPiece:
         else:
             piece.masked_scatter_(self.mask, values.to(piece.dtype))
 
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Piece:
+    """Consecutive entries of parameters: whole small parameters and slices of large ones, at
+    most :data:`PIECE` of them, read as one vector (the segments concatenated) and written
+    back segment by segment. A piece of the adaptive rest moves along straight lines in
+    ``manifold``'s metric; ``sharded``: its parameters are this rank's parts of sharded ones."""
+
+    segments: tuple[Segment, ...]
+    manifold: QuotientManifold | None = None
+    sharded: bool = False
+
+    @property
+    def names(self) -> list[str]:
+        return [seg.name for seg in self.segments]
+
+    def read(self, tensors: Mapping[str, Tensor], dtype: torch.dtype) -> Tensor:
+        """The piece's entries of ``tensors`` in ``dtype``: a view where possible (do not write
+        into it)."""
+        values = [seg.of(tensors[seg.name]) for seg in self.segments]
+        if len(values) == 1:
+            return values[0].to(dtype)
+        return torch.cat([v.to(dtype) for v in values])
+
+    def split(self, values: Tensor) -> list[Tensor]:
+        """``values`` (the piece's entries) cut into its segments."""
+        if len(self.segments) == 1:
+            return [values]
+        return list(values.split([seg.size for seg in self.segments]))
+
+    @torch.no_grad()
+    def write_(self, tensors: Mapping[str, Tensor], values: Tensor, names=None) -> None:
+        """Write ``values`` into the piece's entries of ``tensors`` (of the parameters
+        ``names`` only, where given), in place."""
+        for seg, part in zip(self.segments, self.split(values), strict=True):
+            if names is None or seg.name in names:
+                seg.write_(tensors[seg.name], part)
+
     def space(self, x: Tensor) -> PerturbationSpace:
         return PerturbationSpace(self.manifold, x, "retr", self.manifold)
 
 
-def pieces(n: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` ranges of at most :data:`PIECE` entries covering ``range(n)``."""
-    return [(a, min(a + PIECE, n)) for a in range(0, n, PIECE)] or [(0, 0)]
+def cut(entries: list[tuple[str, int, Tensor | None]], size: int = 0) -> list[list[Segment]]:
+    """``entries`` (``(name, numel, mask)``, in order) cut into pieces of at most ``size``
+    (default :data:`PIECE`) consecutive entries: small parameters share a piece, large ones
+    are sliced. A mask selects the entries of a parameter that count."""
+    size = size or PIECE
+    out: list[list[Segment]] = []
+    current: list[Segment] = []
+    used = 0
+    for name, n, mask in entries:
+        start = 0
+        while True:
+            stop = min(n, start + size - used)
+            seg_mask = None if mask is None else mask.view(-1)[start:stop]
+            segment = Segment(name, start, stop, seg_mask)
+            current.append(segment)
+            used += segment.size if mask is not None else stop - start
+            start = stop
+            if used >= size:
+                out.append(current)
+                current, used = [], 0
+            if start >= n:
+                break
+    if current:
+        out.append(current)
+    return out
 
 
 class Perturbations:
@@ -262,6 +321,7 @@ class Perturbations:
         if chunk_bytes is None:  # a fraction of what this rank holds
             held = sum(sh.local(p).numel() for p in self.params.values()) * size
             chunk_bytes = max(int(held * CHUNK_FRACTION), MIN_CHUNK_BYTES)
+        self.chunk_bytes = chunk_bytes
         self.chunks: list[list[BlockChunk]] = []
         for ki, kind in enumerate(plan.kinds):
             m = kind.manifold
@@ -280,15 +340,22 @@ class Perturbations:
                 groups.append(range(start, len(kind.sizes)))
             self.chunks.append([BlockChunk(geometry, ki, g, m, move, ball) for g in groups])
         self.rest_manifold = rest if rest is not None else geometry.rest_manifold()
-        self.rest: list[RestPiece] = []
-        for name in plan.rest_names:
-            mask = self._rest_mask(name)
-            p = self.params[name]
-            for a, b in pieces(sh.local(p).numel()):
-                piece_mask = None if mask is None else mask.view(-1)[a:b]
-                self.rest.append(
-                    RestPiece(name, a, b, piece_mask, self.rest_manifold, sh.is_sharded(p))
-                )
+        self.rest = self._pieces(plan.rest_names, masked=True)
+        self.pieces = self._pieces(list(self.params), masked=False)
+
+    def _pieces(self, names, *, masked: bool) -> list[Piece]:
+        """The entries of the local parts of ``names`` (``masked``: the adaptive ones only) cut
+        into pieces, the sharded parameters apart from the others."""
+        out = []
+        for sharded in (False, True):
+            entries = []
+            for name in names:
+                p = self.params[name]
+                if sh.is_sharded(p) == sharded:
+                    mask = self._rest_mask(name) if masked else None
+                    entries.append((name, sh.local(p).numel(), mask))
+            out += [Piece(tuple(segs), self.rest_manifold, sharded) for segs in cut(entries)]
+        return out
 
     def _rest_mask(self, name: str) -> Tensor | None:
         """The adaptive entries of a partly covered parameter (its local part, in its own
@@ -326,20 +393,13 @@ class Perturbations:
         for chunks in self.chunks:
             yield from chunks
 
-    def parts(self) -> Iterator[BlockChunk | RestPiece]:
+    def parts(self) -> Iterator[BlockChunk | Piece]:
         """Every part: the chunks kind by kind, then the pieces of the rest."""
         yield from self.all_chunks()
         yield from self.rest
 
-    def element_pieces(self, names=None) -> Iterator[tuple[str, int, int]]:
-        """``(name, start, stop)`` covering every entry of the local parts of ``names``
-        (default: every parameter), for element-wise passes."""
-        for name in self.params if names is None else names:
-            for a, b in pieces(sh.local(self.params[name]).numel()):
-                yield name, a, b
-
     # ------------------------------------------------------------------ random draws
-    def random_parts(self, gen: torch.Generator) -> Iterator[tuple[BlockChunk | RestPiece, Tensor]]:
+    def random_parts(self, gen: torch.Generator) -> Iterator[tuple[BlockChunk | Piece, Tensor]]:
         """Standard Gaussian draws ``(part, e)``, ``e`` of the part's point shape in the
         compute dtype: one draw per kind over all its heads (in the order of the kinds), then
         one over the whole adaptive vector ``w`` (as ``geometry.gather`` orders it), each cut
@@ -361,11 +421,13 @@ class Perturbations:
         starts = dict(zip(plan.rest_names, offsets, strict=False))
         whole: dict[str, Tensor] = {}
         for piece in self.rest:
-            if piece.name not in whole:
-                whole.clear()  # one parameter at a time
-                whole[piece.name] = self._rest_values(
-                    piece.name, flat[starts[piece.name] : starts[piece.name] + sizes[piece.name]]
-                )
+            for name in list(whole):
+                if name not in piece.names:
+                    del whole[name]  # the parameters of one piece at a time
+            for name in piece.names:
+                if name not in whole:
+                    values = flat[starts[name] : starts[name] + sizes[name]]
+                    whole[name] = self._rest_values(name, values)
             yield piece, piece.read(whole, self.dtype)
 
     def _rest_values(self, name: str, values: Tensor) -> Tensor:
@@ -379,3 +441,24 @@ class Perturbations:
         mask = plan.partial[name].to(values.device)
         plan.views[name].edit_(whole, lambda m: m.masked_scatter_(mask, values))
         return sh.local_part(whole, p)
+
+
+class Sums:
+    """Sums of per-part values (``shape``, compute dtype), accumulated in place: no small
+    tensor is kept per part, where it could split the allocator's large free blocks. A chunk is
+    read whole on every rank; a piece of a sharded parameter is this rank's share, and those
+    sums add over ranks in :meth:`total` (one all-reduce)."""
+
+    def __init__(self, space: Perturbations, shape: tuple[int, ...] = ()):
+        kw = {"dtype": space.dtype, "device": space.geometry.device}
+        self.whole, self.shares = torch.zeros(shape, **kw), torch.zeros(shape, **kw)
+        self.sharded = space.sharded
+
+    def add(self, part: BlockChunk | Piece, value: Tensor) -> None:
+        shared = isinstance(part, Piece) and part.sharded
+        (self.shares if shared else self.whole).add_(value)
+
+    def total(self) -> Tensor:
+        if self.sharded:
+            torch.distributed.all_reduce(self.shares)
+        return self.whole + self.shares

@@ -68,7 +68,7 @@ CONTENDERS = ("floor", *measures(1, 1))
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--d", type=int, default=768, help="model width")
+    parser.add_argument("--d", "--width", dest="d", type=int, default=768, help="model width")
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--vocab", type=int, default=50257, help="vocabulary size")
     parser.add_argument("--seq", type=int, default=128, help="tokens per sequence")
@@ -215,9 +215,10 @@ def _run_child(name: str, argv: list[str], shard: int) -> dict[str, int]:
 
 
 def _forwarded(args: argparse.Namespace) -> list[str]:
-    """The options of this run, for the child processes."""
+    """The options of this run, for the child processes (``--width``: torchrun would take
+    ``--d`` for an abbreviation of one of its own options)."""
     argv = [
-        "--layers", str(args.layers), "--d", str(args.d), "--heads", str(args.heads),
+        "--layers", str(args.layers), "--width", str(args.d), "--heads", str(args.heads),
         "--vocab", str(args.vocab), "--seq", str(args.seq), "--batch", str(args.batch),
         "--dtype", args.dtype, "--n-iter", str(args.n_iter), "--n-samples", str(args.n_samples),
         "--device", args.device,

@@ -33,10 +33,9 @@ from torch import nn
 from ..diagnosis import Diagnosis
 from ..geometry import ParameterGeometry
 from ..geometry import shards as sh
-from ..linalg import tensor_sum
 from ..manifolds import EuclideanGeometry, QuotientManifold
 from ..options import Perturbation, checked_metric, option
-from ..perturbation import Perturbations, RestPiece
+from ..perturbation import BlockChunk, Perturbations, Sums
 from ..symmetries import geometry_of
 from ..validation import positive_real
 
@@ -173,22 +172,24 @@ class GeodesicSAM(torch.optim.Optimizer):
             return s, s.rgrad(part.read(grads, dtype))
 
         with diagnosis.located():
-            replicated, local = [], []
+            sums, kept, held = Sums(space), {}, 0
             for part in space.parts():
                 s, g = gradient(part, part.read(weights, dtype))
-                sharded = isinstance(part, RestPiece) and part.sharded
-                (local if sharded else replicated).append(s.sqnorm(g))
-            norm = tensor_sum(replicated) if replicated else weights_zero(dtype, space)
-            if local:
-                shard = tensor_sum(local)
-                torch.distributed.all_reduce(shard)
-                norm = norm + shard
+                sums.add(part, s.sqnorm(g))
+                # the chunks' gradients (and points) kept for the second pass, within one
+                # chunk's memory; the others computed again there
+                size = 2 * g.numel() * g.element_size()
+                if isinstance(part, BlockChunk) and held + size <= space.chunk_bytes:
+                    kept[id(part)], held = (s, g), held + size
+            norm = sums.total()
             scale = self.param_groups[0]["rho"] / (norm.sqrt() + torch.finfo(norm.dtype).tiny)
             # the weights as they are; then each part's step, read from them
             self._origin = {name: t.clone() for name, t in weights.items()}
             try:
                 for part in space.parts():
-                    s, g = gradient(part, part.read(self._origin, dtype))
+                    s, g = kept.pop(id(part), None) or gradient(
+                        part, part.read(self._origin, dtype)
+                    )
                     part.write_(weights, s.move(g * scale))
             except BaseException:
                 self.restore()
@@ -261,21 +262,15 @@ class GeodesicSAM(torch.optim.Optimizer):
         self.param_groups = self.base_optimizer.param_groups
 
 
-def weights_zero(dtype: torch.dtype, space: Perturbations) -> Tensor:
-    return torch.zeros((), dtype=dtype, device=space.geometry.device)
-
-
 def _average_gradients_(model: nn.Module, params) -> None:
     """Average ``.grad`` over the ranks of an initialised process group (in place, one
-    all-reduce per gradient, issued together), unless ``model`` is a
+    all-reduce per gradient), unless ``model`` is a
     ``DistributedDataParallel`` that already did."""
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return
     if isinstance(model, nn.parallel.DistributedDataParallel):
         return
-    grads = [p.grad for p in params if p.grad is not None]
-    for work in [dist.all_reduce(g, async_op=True) for g in grads]:
-        work.wait()  # pyright: ignore[reportOptionalMemberAccess]
-    for g in grads:
+    for g in [p.grad for p in params if p.grad is not None]:
+        dist.all_reduce(g)
         g.div_(dist.get_world_size())

@@ -37,7 +37,7 @@ from torch import nn
 from ..diagnosis import Diagnosis
 from ..geometry import ParameterGeometry
 from ..geometry import shards as sh
-from ..perturbation import BlockChunk, Perturbations, RestPiece
+from ..perturbation import BlockChunk, Perturbations, Piece, Sums
 from .ranks import Local
 
 Tensor = torch.Tensor
@@ -103,7 +103,9 @@ class Objective:
         )
         self.diagnosis.check_finite(self.x0)
         explicit = space.symmetric_names
-        self.wholly_symmetric = set(explicit) - set(self.geometry.plan.partial)
+        # the parameters whose every entry moves along a straight line, x + ξ
+        wholly = set(explicit) - set(self.geometry.plan.partial)
+        self.straight = {name for name in space.params if name not in wholly}
         self.current = space.empty(explicit)  # ξ_k where it cannot be read off the weights
         self.previous = space.empty()  # ξ_{k-1} (the average measure's scratch)
         self.best = space.empty() if worst_case else None
@@ -116,27 +118,28 @@ class Objective:
         return self.geometry.gather(self.x0, dtype=self.dtype)
 
     # ------------------------------------------------------------------ parameter-wise passes
-    def _piece(self, tensors: Mapping[str, Tensor], name: str, a: int, b: int) -> Tensor:
-        """Entries ``a:b`` of parameter ``name`` in ``tensors``, in the compute dtype (a view
-        where that is the tensor's dtype)."""
-        return _flat(tensors[name])[a:b].to(self.dtype)
-
-    def _xi(self, name: str, a: int, b: int) -> Tensor:
-        """Entries ``a:b`` of the current iterate ``ξ_k`` of parameter ``name`` (compute
-        dtype; a view of ``current`` where it is held there)."""
-        if name in self.current:
-            return self._piece(self.current, name, a, b)
-        return self._piece(self.weights, name, a, b) - self._piece(self.x0, name, a, b)
+    def _xi(self, piece: Piece) -> Tensor:
+        """The piece's entries of the current iterate ``ξ_k`` (compute dtype; a view of
+        ``current`` where it is held there)."""
+        parts = [
+            seg.of(self.current[seg.name]).to(self.dtype)
+            if seg.name in self.current
+            else seg.of(self.weights[seg.name]).to(self.dtype)
+            - seg.of(self.x0[seg.name]).to(self.dtype)
+            for seg in piece.segments
+        ]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     @torch.no_grad()
     def _move_(self, source: Mapping[str, Tensor], *, first_order: bool = False) -> None:
         """Weights ``← γ_ξ(1)`` for ``ξ = source``: the symmetry blocks by their map (or
         ``x + ξ`` with ``first_order``), every other entry ``x + ξ``."""
-        for name, a, b in self.space.element_pieces():
-            if name in self.wholly_symmetric and not first_order:
+        names = set(self.space.params) if first_order else self.straight
+        for piece in self.space.pieces:
+            if names.isdisjoint(piece.names):
                 continue
-            moved = self._piece(self.x0, name, a, b) + self._piece(source, name, a, b)
-            _flat(self.weights[name])[a:b].copy_(moved)
+            moved = piece.read(self.x0, self.dtype) + piece.read(source, self.dtype)
+            piece.write_(self.weights, moved, names)
         if not first_order:
             self._move_blocks_(source)
 
@@ -150,8 +153,8 @@ class Objective:
     @torch.no_grad()
     def _copy_current_(self, out: Mapping[str, Tensor]) -> None:
         """``out ← ξ_k``."""
-        for name, a, b in self.space.element_pieces():
-            _flat(out[name])[a:b].copy_(self._xi(name, a, b))
+        for piece in self.space.pieces:
+            piece.write_(out, self._xi(piece))
 
     @torch.no_grad()
     def _set_current_(self, source: Mapping[str, Tensor]) -> None:
@@ -259,7 +262,7 @@ class Objective:
         ``ξ_k`` (the map's vector-Jacobian product of ``.grad``, then ``egrad2rgrad``),
         replaces ``.grad``."""
         grads = self.gradients()
-        sums = _Sums(self, (3, 3))
+        sums = Sums(self.space, (3, 3))
         with self.diagnosis.located():
             for part in self.space.parts():
                 s = part.space(part.read(self.x0, self.dtype))
@@ -270,10 +273,11 @@ class Objective:
                 sums.add(part, s.gram(xi, prev, g))
         return sums.total()
 
-    def _part_current(self, part: BlockChunk | RestPiece) -> Tensor:
-        if isinstance(part, BlockChunk) or part.name in self.current:
+    def _part_current(self, part: BlockChunk | Piece) -> Tensor:
+        """The part's entries of the current iterate ``ξ_k`` (compute dtype)."""
+        if isinstance(part, BlockChunk):
             return part.read(self.current, self.dtype)
-        return part.read(self.weights, self.dtype) - part.read(self.x0, self.dtype)
+        return self._xi(part)
 
     @torch.no_grad()
     def advance(self, c: Tensor, keep: Tensor | bool = False) -> None:
@@ -282,36 +286,34 @@ class Objective:
         ``best ← ξ_k``."""
         grads = self.gradients()
         c0, c1, c2 = (c[i].to(self.dtype) for i in range(3))
-        for name, a, b in self.space.element_pieces():
-            xi = self._xi(name, a, b)
-            self._keep(name, a, b, xi, keep)
-            prev = _flat(self.previous[name])[a:b]
-            new = xi * c0 + prev.to(self.dtype) * c1 + self._piece(grads, name, a, b) * c2
-            prev.copy_(xi)
-            if name in self.current:
-                _flat(self.current[name])[a:b].copy_(new)
-                if name in self.wholly_symmetric:
-                    continue
-            _flat(self.weights[name])[a:b].copy_(self._piece(self.x0, name, a, b) + new)
+        for piece in self.space.pieces:
+            xi = self._xi(piece)
+            self._keep(piece, xi, keep)
+            new = xi * c0 + piece.read(self.previous, self.dtype) * c1
+            new += piece.read(grads, self.dtype) * c2
+            piece.write_(self.previous, xi)
+            piece.write_(self.current, new, self.current)
+            if not self.straight.isdisjoint(piece.names):
+                moved = piece.read(self.x0, self.dtype) + new
+                piece.write_(self.weights, moved, self.straight)
         for p in self.space.params.values():
             p.grad = None
         self._move_blocks_(self.current)
 
-    def _keep(self, name: str, a: int, b: int, xi: Tensor, keep: Tensor | bool) -> None:
+    def _keep(self, piece: Piece, xi: Tensor, keep: Tensor | bool) -> None:
         if self.best is None or keep is False:
             return
-        best = _flat(self.best[name])[a:b]
         if isinstance(keep, bool) or keep.device.type == "cpu":
             if bool(keep):
-                best.copy_(xi)
+                piece.write_(self.best, xi)
         else:  # no host synchronisation on an accelerator
-            best.copy_(torch.where(keep, xi.to(best.dtype), best))
+            piece.write_(self.best, torch.where(keep, xi, piece.read(self.best, xi.dtype)))
 
     @torch.no_grad()
     def keep_best(self, keep: Tensor | bool) -> None:
         """``best ← ξ_k`` where ``keep``."""
-        for name, a, b in self.space.element_pieces():
-            self._keep(name, a, b, self._xi(name, a, b), keep)
+        for piece in self.space.pieces:
+            self._keep(piece, self._xi(piece), keep)
 
     @torch.no_grad()
     def restart(self, best_is_current: bool, k: int) -> None:
@@ -334,7 +336,7 @@ class Objective:
     @torch.no_grad()
     def sqnorm(self, xi: Mapping[str, Tensor]) -> Tensor:
         """``||ξ||²_x`` in the ball's metric (0-dim, compute dtype)."""
-        sums = _Sums(self, ())
+        sums = Sums(self.space)
         with self.diagnosis.located():
             for part in self.space.parts():
                 s = part.space(part.read(self.x0, self.dtype))
@@ -365,7 +367,7 @@ class Objective:
     def random_(self, out: Mapping[str, Tensor], gen: torch.Generator, rho: float) -> None:
         """``out ←`` a horizontal direction of norm ``rho``, isotropic in the ball's metric at
         the base point (:meth:`Perturbations.random_parts`)."""
-        sums = _Sums(self, ())
+        sums = Sums(self.space)
         with self.diagnosis.located():
             for part, e in self.space.random_parts(gen):
                 s = part.space(part.read(self.x0, self.dtype))
@@ -401,28 +403,3 @@ class Objective:
         if deficient is not None:
             raise ValueError(f"{message}, likely from {deficient}")
         raise ValueError(f"{message}; the model is restored")
-
-
-class _Sums:
-    """Sums of per-part values, accumulated in place (no small tensor is kept per part, where
-    it could split the heap's large free blocks). A chunk is read whole on every rank; a piece
-    of a sharded parameter is this rank's share, and those sums add over ranks at the end (one
-    all-reduce)."""
-
-    def __init__(self, objective: Objective, shape: tuple[int, ...]):
-        kw = {"dtype": objective.dtype, "device": objective.device}
-        self.whole, self.shares = torch.zeros(shape, **kw), torch.zeros(shape, **kw)
-        self.sharded = objective.space.sharded
-
-    def add(self, part: BlockChunk | RestPiece, value: Tensor) -> None:
-        shared = isinstance(part, RestPiece) and part.sharded
-        (self.shares if shared else self.whole).add_(value)
-
-    def total(self) -> Tensor:
-        if self.sharded:
-            torch.distributed.all_reduce(self.shares)
-        return self.whole + self.shares
-
-
-def _flat(t: Tensor) -> Tensor:
-    return t.view(-1) if t.is_contiguous() else t.reshape(-1)

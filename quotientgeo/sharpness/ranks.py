@@ -197,9 +197,8 @@ class SplitBatch(_Group):
             if p.grad is None:  # every rank reduces the same tensors
                 p.grad = torch.zeros_like(p)
             grads.append(p.grad)
-        for work in [dist.all_reduce(g, async_op=True) for g in grads]:
-            work.wait()  # pyright: ignore[reportOptionalMemberAccess]
         for g in grads:
+            dist.all_reduce(g)
             g.div_(self.world)
 
     def _failed(self, where, err: Exception) -> None:
