@@ -70,7 +70,8 @@ def main() -> None:
     model = LlamaForCausalLM._from_config(LlamaConfig(**TINYLLAMA_1B), torch_dtype=dtype).eval()
     n_params = sum(p.numel() for p in model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    ids = torch.randint(0, 32000, (args.batch, args.seq), generator=torch.Generator().manual_seed(1))
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 32000, (args.batch, args.seq), generator=generator)
     print(f"{n_params / 1e9:.2f}B parameters in {args.dtype} ({param_bytes / 2**30:.2f} GiB), "
           f"built in {time.perf_counter() - t0:.0f} s")  # fmt: skip
 

@@ -18,11 +18,12 @@ buffer          size                       why
 ==============  =========================  ===================================================
 
 Everything else is transient and per part (:mod:`quotientgeo.perturbation`): a chunk of
-symmetry blocks in the compute dtype, or a piece of a parameter. A restart from an earlier best
-point evaluates its gradient again rather than keeping it (one buffer less). Every iterate is a
-combination of the current one, the previous one and the gradient, so one pass over the
-parameters gives their Gram matrix in the ball's metric, and Auto-PGD (:mod:`.apgd`) chooses
-the combination from it.
+symmetry blocks in the compute dtype, or a piece of the parameters' entries. A restart from an
+earlier best point evaluates its gradient again rather than keeping it: one buffer less, one
+forward pass more (an evaluation's backward pass runs only once the step needs it). Every
+iterate is a combination of the current one, the previous one and the gradient, so one pass
+over the parameters gives their Gram matrix in the ball's metric, and Auto-PGD (:mod:`.apgd`)
+chooses the combination from it.
 """
 
 from __future__ import annotations
