@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from torch import nn
@@ -73,10 +73,12 @@ def calibrate_rho(
     (``"geodesic"``, ``"adaptive"``, ``"average"``) called with ``**measure_kwargs``, for
     example ``metric="inv"``, ``n_iter=20``; the worst case over a
     larger ball is larger, so the value grows with ``ρ`` (up to the maximiser's accuracy).
-    ``batches`` is iterated once per measurement, so pass a list or a re-iterable loader;
+    ``batches`` is iterated once per measurement, so pass a list or a re-iterable loader (a
+    generator or other iterator is refused: the first measurement would consume it);
     ``distributed`` is the measurements' (:meth:`~quotientgeo.Measure.evaluate`).
 
     Raises:
+        TypeError: ``batches`` is an iterator.
         ValueError: bad arguments, or no ``ρ`` in ``[low / 10^k, high · 10^k]`` within
             ``max_evals`` measurements reaches ``target``.
     """
@@ -90,6 +92,12 @@ def calibrate_rho(
         raise TypeError("pass keyword arguments of the measure to its constructor, not here")
     else:
         chosen = measure
+    if isinstance(batches, Iterator):
+        raise TypeError(
+            f"batches is an iterator ({type(batches).__name__}): calibrate_rho measures "
+            "several times, and the first measurement would consume it; pass a list or a "
+            "re-iterable loader (a DataLoader)"
+        )
     target = positive_real("target", target)
     low, high = positive_real("low", low), positive_real("high", high)
     if not low < high:

@@ -54,6 +54,7 @@ def geometry_of(
         )
     if not geometry.params:
         raise ValueError("the model has no trainable parameters (requires_grad=True)")
+    _check_materialised(model)
     half = geometry.half_dtypes
     if half:
         warnings.warn(
@@ -81,3 +82,17 @@ def _nothing_found(model: nn.Module, geometry: ParameterGeometry) -> str:
         f"no parameter symmetry detected in {type(model).__name__}: {adaptive} (declare "
         "blocks with ParameterGeometry for custom architectures)"
     )
+
+
+def _check_materialised(model: nn.Module) -> None:
+    """Refuse a model whose weights have no values (the ``meta`` device) with a message that
+    names the device, rather than failing deep inside the first norm."""
+    meta = [name for name, p in model.named_parameters() if p.is_meta]
+    if meta:
+        shown = ", ".join(meta[:3]) + (f" and {len(meta) - 3} more" if len(meta) > 3 else "")
+        raise ValueError(
+            f"{type(model).__name__} has parameters on the meta device ({shown}): they have "
+            "shapes but no values, so nothing can be measured; materialise them first (for "
+            "example model.to_empty(device='cpu') and load a state dict, or build the model "
+            "outside a torch.device('meta') context)"
+        )

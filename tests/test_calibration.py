@@ -68,3 +68,11 @@ def test_bad_input():
     with pytest.raises(ValueError, match="max_evals"):
         calibrate_rho(model, cross_entropy, batches, target=1e6, max_evals=3, progress=False,
                       n_iter=2)  # fmt: skip
+
+
+def test_an_iterator_of_batches_is_refused_before_it_is_consumed():
+    model, batches = problem()
+    generator = (batch for batch in batches)
+    with pytest.raises(TypeError, match=r"iterator .*generator.*consume"):
+        calibrate_rho(model, cross_entropy, generator, target=0.3, progress=False, n_iter=2)
+    assert next(generator) is batches[0]  # untouched

@@ -27,6 +27,7 @@ from quotientgeo import ParameterGeometry, Source
 from quotientgeo.optim import GeodesicSAM
 from quotientgeo.sharpness import average_sharpness, geodesic_sharpness
 from quotientgeo.sharpness.ranks import SplitBatch
+from quotientgeo.testing import TinyTransformerClassifier, cross_entropy
 
 pytestmark = pytest.mark.filterwarnings("ignore:no parameter symmetry detected:UserWarning")
 
@@ -399,3 +400,14 @@ def test_split_batch_raises_the_located_failure(monkeypatch):
     message = str(info.value)
     assert message.startswith("rank-deficient factors in 1 head(s) of the symmetry blocks")
     assert f"{attention(0)}.self.QK (layer 0), head 1: G" in message
+
+
+@pytest.mark.parametrize("build", ["measure", "sam"])
+def test_a_model_on_the_meta_device_is_named(build):
+    with torch.device("meta"):
+        model = TinyTransformerClassifier(d=8, heads=2, layers=1, classes=3)
+    with pytest.raises(ValueError, match=r"meta device \(.*\).*materialise"):
+        if build == "measure":
+            geodesic_sharpness(model, cross_entropy, [None], rho=0.1, n_iter=2, progress=False)
+        else:
+            GeodesicSAM(model, torch.optim.SGD, rho=0.1, lr=0.1)
