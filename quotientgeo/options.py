@@ -28,11 +28,8 @@ E = TypeVar("E", bound="Option")
 METRICS = ("mix", "inv")
 
 
-class Option(str, enum.Enum):
-    """A string enum (``enum.StrEnum`` from Python 3.11): its members are their values."""
-
-    def __str__(self) -> str:
-        return self.value
+class Option(enum.StrEnum):
+    """A string enum: its members are their values (``Norm("adaptive") is Norm.ADAPTIVE``)."""
 
 
 class Perturbation(Option):
