@@ -5,31 +5,27 @@ geodesic sharpness of whole models measured on them (da Silva, Dangel & Oore, IC
 """
 
 from . import optim
-from .calibration import Calibration, calibrate_rho
 from .geometry import ParameterGeometry, Source, find_symmetries
 from .manifolds import (
     AdaptiveGeometry,
     AtPoint,
     EuclideanGeometry,
-    GLInvQuotient,
-    GLMixQuotient,
     GLQuotient,
-    InterpolatedGLQuotient,
     ProductQuotient,
     QuotientManifold,
-    RescaleInvQuotient,
-    RescaleMixQuotient,
     RescaleQuotient,
     RotaryGLQuotient,
     ScaleQuotient,
 )
 from .sharpness import (
+    Calibration,
     FlatnessResult,
     Measure,
     SharpnessResult,
     SharpnessTracker,
     adaptive_sharpness,
     average_sharpness,
+    calibrate_rho,
     geodesic_sharpness,
     relative_flatness,
 )
@@ -42,16 +38,11 @@ __all__ = [
     "Calibration",
     "EuclideanGeometry",
     "FlatnessResult",
-    "GLInvQuotient",
-    "GLMixQuotient",
     "GLQuotient",
-    "InterpolatedGLQuotient",
     "Measure",
     "ParameterGeometry",
     "ProductQuotient",
     "QuotientManifold",
-    "RescaleInvQuotient",
-    "RescaleMixQuotient",
     "RescaleQuotient",
     "RotaryGLQuotient",
     "ScaleQuotient",

@@ -20,7 +20,8 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from quotientgeo import GLQuotient, InterpolatedGLQuotient, ScaleQuotient
+from quotientgeo import GLQuotient, ScaleQuotient
+from quotientgeo.manifolds import InterpolatedGLQuotient
 
 # Two xdist workers on two cores: one BLAS thread each avoids oversubscription.
 torch.set_num_threads(1)
@@ -406,12 +407,12 @@ def interpolated_cases(draw, s=None):
 
 
 def assert_parts_read_and_write_like_the_geometry(geometry, seed: int = 1):
-    """The parts of :class:`~quotientgeo.perturbation.Perturbations` (chunks of symmetry
+    """The parts of :class:`~quotientgeo.geometry.perturbation.Perturbations` (chunks of symmetry
     blocks, one block per chunk or all together, and pieces of the adaptive rest) read the
     points and the adaptive entries of ``geometry.gather()`` bit for bit, write random points
     back exactly as ``geometry.scatter`` places them, and cut one random draw of the kinds and
     of ``w`` into parts exactly as ``scatter`` places that draw."""
-    from quotientgeo.perturbation import Perturbations
+    from quotientgeo.geometry.perturbation import Perturbations
 
     dtype = geometry.compute_dtype
     points, w = geometry.gather()

@@ -23,7 +23,7 @@ from quotientgeo import (
     geodesic_sharpness,
 )
 from quotientgeo.geometry import Source
-from quotientgeo.perturbation import move_of
+from quotientgeo.geometry.perturbation import move_of
 from quotientgeo.testing import TinyTransformerClassifier, cross_entropy, random_batches
 
 DT = torch.float64

@@ -19,7 +19,7 @@ import torch
 from conftest import assert_same, snapshot, tiny_bert
 from torch import nn
 
-import quotientgeo.diagnosis as diagnosis_module
+import quotientgeo.geometry.diagnosis as diagnosis_module
 import quotientgeo.optim.sam as sam_module
 import quotientgeo.sharpness.objective as objective_module
 import quotientgeo.sharpness.run as run_module

@@ -19,7 +19,7 @@ from scipy.optimize import brentq
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
-import quotientgeo.perturbation as perturbation_module
+import quotientgeo.geometry.perturbation as perturbation_module
 import quotientgeo.sharpness.apgd as apgd_module
 from quotientgeo.geometry import ParameterGeometry
 from quotientgeo.manifolds import (

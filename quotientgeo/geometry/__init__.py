@@ -5,7 +5,11 @@
 - :mod:`.transfer`: gather points from parameters and scatter them back;
 - :mod:`.parameters`: :class:`ParameterGeometry`, the declarations;
 - :mod:`.discovery`: :func:`find_symmetries` for attention and LoRA layers, and
-  :func:`register_reader` to teach it a new attention layout.
+  :func:`register_reader` to teach it a new attention layout;
+- :mod:`.symmetries`: the geometry a measure or the optimizer uses, its manifolds resolved;
+- :mod:`.shards`: local parts of FSDP2-sharded parameters;
+- :mod:`.perturbation`: the tangent spaces at a base point, a chunk of blocks at a time;
+- :mod:`.diagnosis`: which block, layer and head a failure of the geometry comes from.
 """
 
 from .discovery import (

@@ -30,13 +30,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..diagnosis import Diagnosis
 from ..geometry import ParameterGeometry
 from ..geometry import shards as sh
+from ..geometry.diagnosis import Diagnosis
+from ..geometry.perturbation import BlockChunk, Perturbations, Sums
+from ..geometry.symmetries import geometry_of
 from ..manifolds import EuclideanGeometry, QuotientManifold
 from ..options import Perturbation, checked_metric, option
-from ..perturbation import BlockChunk, Perturbations, Sums
-from ..symmetries import geometry_of
 from ..validation import positive_real
 
 Tensor = torch.Tensor
@@ -148,9 +148,9 @@ class GeodesicSAM(torch.optim.Optimizer):
     def first_step(self, zero_grad: bool = False) -> None:
         """Move the weights in place to the perturbed point ``γ_ξ(1)`` (module docstring).
 
-        Part by part (:mod:`quotientgeo.perturbation`): the Riemannian gradient of each part
-        and its square norm first, then, scaled to the radius, its geodesic step written into
-        the weights; the original weights are kept (one copy, the parameters' local parts). A
+        Part by part (:mod:`quotientgeo.geometry.perturbation`): the Riemannian gradient of each
+        part and its square norm first, then, scaled to the radius, its geodesic step written
+        into the weights; the original weights are kept (one copy, the parameters' local parts). A
         failure of the geometry at rank-deficient or non-finite weights raises a
         ``ValueError`` naming the block, layer, head and parameters; the weights and ``.grad``
         are then unchanged."""

@@ -23,19 +23,21 @@ The package, one idea per module, data flowing down:
 - :mod:`.ranks`: one class per ``torch.distributed`` mode; :mod:`.result`: records and result;
 - :mod:`.flatness`: relative flatness (Petzka et al. 2021) of one linear layer, a Hessian
   measure with its own function and result, no ball;
-- :mod:`.tracking`: a measure evaluated every ``N`` steps of a training loop.
+- :mod:`.tracking`: a measure evaluated every ``N`` steps of a training loop;
+- :mod:`.calibration`: the radius ``ρ`` at which a measure reaches a target value.
 
 The worst-case measures also report, per batch, the loss ``L_S(x + ξ*)`` at the first-order
 move (``retr`` on every block) of the worst perturbation ``ξ*`` found, and from it the
 curvature share ``(value - first_order_value) / value``: the fraction of the worst-case
 increase that the curvature (Christoffel) term of the map carries, ``O(ρ)`` as ``ρ → 0``.
 
-The model is never modified or copied: perturbed parameters are passed to
-:func:`torch.func.functional_call`; train/eval mode, buffers and ``.grad`` are restored
+The model is not copied: during a measurement its own weights hold the perturbed point and its
+``.grad`` the gradient there; weights, train/eval mode, buffers and ``.grad`` are restored
 bit-exactly on exit, also on exceptions and ``KeyboardInterrupt``. Loss evaluations run in eval
 mode (no dropout, batch-norm running statistics).
 """
 
+from .calibration import Calibration, calibrate_rho
 from .cases import AverageCase, WorstCase
 from .flatness import FlatnessResult, RelativeFlatness, relative_flatness
 from .functions import adaptive_sharpness, average_sharpness, geodesic_sharpness
@@ -46,6 +48,7 @@ from .tracking import SharpnessTracker, TrackedSharpness
 __all__ = [
     "AverageCase",
     "BatchRecord",
+    "Calibration",
     "FlatnessResult",
     "Measure",
     "RelativeFlatness",
@@ -55,6 +58,7 @@ __all__ = [
     "WorstCase",
     "adaptive_sharpness",
     "average_sharpness",
+    "calibrate_rho",
     "geodesic_sharpness",
     "relative_flatness",
 ]

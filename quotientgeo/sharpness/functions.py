@@ -50,7 +50,7 @@ def geodesic_sharpness(
             (:func:`~quotientgeo.find_symmetries` declares ``"mix"``). With
             ``symmetries="auto"``, ``"mix"``, ``"inv"`` or a number ``s ∈ [0, 1]`` declares
             that metric for the GL and re-scaling kinds (``s``: GL kinds get
-            ``(1-s)·inv + s·mix``, :class:`~quotientgeo.InterpolatedGLQuotient`). With a
+            ``(1-s)·inv + s·mix``, :class:`~quotientgeo.manifolds.InterpolatedGLQuotient`). With a
             :class:`~quotientgeo.ParameterGeometry`, a metric other than the declared one is a
             ``ValueError``: measure ``geometry.with_metric(metric)`` instead.
         perturbation: ``"default"``: on each symmetry block the exact geodesic where the

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from ..geometry import ParameterGeometry
+from ..geometry.symmetries import geometry_of
 from ..options import Distributed, Norm, Perturbation, checked_metric, option
-from ..symmetries import geometry_of
 from ..validation import integer, positive_real, real_in
 from .cases import AverageCase, WorstCase
 from .flatness import RelativeFlatness

@@ -17,7 +17,7 @@ buffer          size                       why
 ``.grad``       (the backward pass's own)  ``∇L(w̃)``, then the step's gradient in place
 ==============  =========================  ===================================================
 
-Everything else is transient and per part (:mod:`quotientgeo.perturbation`): a chunk of
+Everything else is transient and per part (:mod:`quotientgeo.geometry.perturbation`): a chunk of
 symmetry blocks in the compute dtype, or a piece of the parameters' entries. A restart from an
 earlier best point evaluates its gradient again rather than keeping it: one buffer less, one
 forward pass more (an evaluation's backward pass runs only once the step needs it). Every
@@ -35,10 +35,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..diagnosis import Diagnosis
 from ..geometry import ParameterGeometry
 from ..geometry import shards as sh
-from ..perturbation import BlockChunk, Perturbations, Piece, Sums
+from ..geometry.diagnosis import Diagnosis
+from ..geometry.perturbation import BlockChunk, Perturbations, Piece, Sums
 from .ranks import Local
 
 Tensor = torch.Tensor

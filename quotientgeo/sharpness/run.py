@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from ..geometry import ParameterGeometry
+from ..geometry.perturbation import Perturbations
 from ..options import Distributed, Norm, Perturbation
-from ..perturbation import Perturbations
 from ..progress import progress_bar
 from .cases import AverageCase, WorstCase
 from .checks import check_batches, check_loss_fn, check_model, warn_if_resolution

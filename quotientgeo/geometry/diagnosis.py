@@ -22,16 +22,17 @@ from pathlib import Path
 
 import torch
 
-from .geometry import HeadLocation, ParameterGeometry
-from .linalg import LinAlgError, gram
-from .manifolds import GLQuotient, QuotientManifold
+from ..linalg import LinAlgError, gram
+from ..manifolds import GLQuotient, QuotientManifold
+from .parameters import ParameterGeometry
+from .plan import HeadLocation
 
 Tensor = torch.Tensor
 
 __all__ = ["Diagnosis"]
 
 SHOWN = 4  # entries listed in a message before "… and k more"
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parents[1]
 
 
 def _finite(t: Tensor) -> bool:

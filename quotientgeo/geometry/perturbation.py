@@ -28,11 +28,11 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch import nn
 
-from .geometry import ParameterGeometry
-from .geometry import shards as sh
-from .geometry.transfer import gather_blocks, write_blocks_
-from .manifolds import AdaptiveGeometry, QuotientManifold
-from .options import Norm, Perturbation
+from ..manifolds import AdaptiveGeometry, QuotientManifold
+from ..options import Norm, Perturbation
+from . import shards as sh
+from .parameters import ParameterGeometry
+from .transfer import gather_blocks, write_blocks_
 
 Tensor = torch.Tensor
 

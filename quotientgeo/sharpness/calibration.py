@@ -17,9 +17,9 @@ from typing import Any
 
 from torch import nn
 
-from .progress import progress_bar
-from .sharpness import Measure
-from .validation import positive_int, positive_real
+from ..progress import progress_bar
+from ..validation import positive_int, positive_real
+from .measure import Measure
 
 __all__ = ["Calibration", "calibrate_rho"]
 

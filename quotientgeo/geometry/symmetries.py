@@ -6,7 +6,8 @@ import warnings
 
 from torch import nn
 
-from .geometry import ParameterGeometry, find_symmetries
+from .discovery import find_symmetries
+from .parameters import ParameterGeometry
 
 __all__ = ["geometry_of"]
 
