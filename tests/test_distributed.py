@@ -3,6 +3,7 @@
 Every rank returns what one process returns: for ``distributed="batches"`` on the
 concatenated list of all ranks' batches (also with unequal counts), for ``"split_batch"`` on
 the concatenated batch. A failing ``loss_fn`` on one rank raises on every rank, in bounded time.
+Relative flatness, the other kind of ``Measure``, in the same modes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from quotientgeo import adaptive_sharpness, average_sharpness, geodesic_sharpness
+from quotientgeo import Measure, adaptive_sharpness, average_sharpness, geodesic_sharpness
 from quotientgeo.testing import TinyTransformerClassifier, cross_entropy
 
 DT = torch.float64
@@ -64,6 +65,36 @@ def summary(results) -> dict:
     }  # fmt: skip
 
 
+FLATNESS = Measure.relative_flatness("head")
+
+
+def flatness(m, batches, distributed="batches", loss_fn=cross_entropy) -> dict:
+    r = FLATNESS.evaluate(m, loss_fn, batches, progress=False, distributed=distributed)
+    s = r.settings
+    return {"value": r.value, "per_batch": r.per_batch, "losses": r.losses,
+            "n": s["n_batches"], "mode": s["distributed"], "world": s["world_size"]}  # fmt: skip
+
+
+def _flatness_worker(rank: int, m) -> dict:
+    def failing(mod, b):
+        if rank == 1:
+            raise RuntimeError("boom")
+        return cross_entropy(mod, b)
+
+    errors = {}
+    for mode in ("batches", "split_batch"):
+        try:
+            flatness(m, [HALVES[rank]], mode, failing)
+        except RuntimeError as err:
+            errors[mode] = str(err)
+    return {
+        "batches": flatness(m, RANK_BATCHES[rank]),
+        "split_batch": flatness(m, [HALVES[rank]], "split_batch"),
+        "off": flatness(m, RANK_BATCHES[rank], "off"),
+        "errors": errors,
+    }
+
+
 def _worker(rank: int, init: str, out: str, scenario: str) -> None:
     torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
     try:
@@ -72,6 +103,8 @@ def _worker(rank: int, init: str, out: str, scenario: str) -> None:
             payload = summary(measures(m, RANK_BATCHES[rank]))
         elif scenario == "split_batch":
             payload = summary(measures(m, [HALVES[rank]], "split_batch"))
+        elif scenario == "flatness":
+            payload = _flatness_worker(rank, m)
         else:  # a loss_fn that raises on rank 1 only, in either mode
 
             def loss_fn(mod, b):
@@ -152,6 +185,34 @@ def test_a_failing_rank_raises_on_every_rank(tmp_path):
     assert batches in ranks[0]["errors"]["batches"]
     split = "rank 1: batch 0, iteration 0 (restart 0): RuntimeError: boom"
     assert split in ranks[0]["errors"]["split_batch"]
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+def test_relative_flatness_across_ranks_equals_one_process(tmp_path):
+    """``"batches"``: one process on the concatenated list; ``"split_batch"``: on the
+    concatenated batch; ``"off"``: each rank alone; a failing rank raises on every rank."""
+    ranks = run_ranks(tmp_path, "flatness")
+    for mode in ("batches", "split_batch"):
+        assert ranks[0][mode] == ranks[1][mode], mode
+    whole = tuple(torch.cat([HALVES[0][i], HALVES[1][i]]) for i in range(2))
+    expected = {
+        "batches": flatness(model(), RANK_BATCHES[0] + RANK_BATCHES[1]),
+        "split_batch": flatness(model(), [whole]),
+    }
+    for mode, single in expected.items():
+        got = ranks[0][mode]
+        assert (got["n"], got["mode"], got["world"]) == (single["n"], mode, 2)
+        for field in ("per_batch", "losses"):
+            torch.testing.assert_close(
+                torch.tensor(got[field]), torch.tensor(single[field]), rtol=1e-9, atol=1e-12
+            )
+        assert got["value"] == pytest.approx(single["value"], rel=1e-9), mode
+    for r in range(WORLD):
+        alone = flatness(model(), RANK_BATCHES[r], "off")
+        assert ranks[r]["off"] == {**alone, "mode": "off"}, r
+        for mode in ("batches", "split_batch"):
+            message = ranks[r]["errors"][mode]
+            assert "rank 1: RuntimeError: boom (raised by loss_fn on batch" in message, message
 
 
 def test_without_a_process_group_the_argument_changes_nothing():

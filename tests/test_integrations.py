@@ -366,6 +366,7 @@ MEASURES = {
     "geodesic": Measure.geodesic(0.05, metric="inv", n_iter=3),
     "adaptive": Measure.adaptive(0.05, n_iter=3),
     "average": Measure.average(0.05, n_samples=3),
+    "relative_flatness": Measure.relative_flatness("classifier"),
 }
 
 
@@ -383,9 +384,10 @@ class Snapshots(transformers.TrainerCallback):
             self.models[state.global_step] = copy.deepcopy(model)
 
 
-@pytest.mark.parametrize("kind", ["geodesic", "adaptive", "average"])
+@pytest.mark.parametrize("kind", ["geodesic", "adaptive", "average", "relative_flatness"])
 @pytest.mark.parametrize("trainer_class", [Trainer, SAMTrainer])
 def test_callback_logs_direct_values_and_leaves_training_unchanged(kind, trainer_class, tmp_path):
+    """Every kind of measure through the same callback, with no case of its own."""
     measure, data = MEASURES[kind], samples(16)
     batches = [collate(data[:4]), collate(data[4:8])]
     extra = {"sam": SAM} if trainer_class is SAMTrainer else {}

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import io
+import json
 import re
 import sys
 
@@ -16,7 +18,9 @@ from hypothesis import strategies as st
 from torch import nn
 
 from quotientgeo import (
+    FlatnessResult,
     Measure,
+    SharpnessTracker,
     adaptive_sharpness,
     average_sharpness,
     calibrate_rho,
@@ -24,6 +28,7 @@ from quotientgeo import (
 )
 from quotientgeo.options import Norm, Perturbation
 from quotientgeo.progress import progress_bar
+from quotientgeo.sharpness import RelativeFlatness, SharpnessMeasure
 from quotientgeo.testing import TinyTransformerClassifier, cross_entropy
 
 DT = torch.float64
@@ -132,6 +137,112 @@ def test_calibration_takes_a_measure():
     assert by_value == by_name and by_value.measure == "geodesic"
     with pytest.raises(TypeError, match="constructor"):
         calibrate_rho(model, cross_entropy, data, measure=Measure.adaptive(1.0), n_iter=3, **kw)
+
+
+# ---------------------------------------------------------------------- one measure type
+KINDS = {
+    "geodesic": Measure.geodesic(0.05, n_iter=3),
+    "adaptive": Measure.adaptive(0.05, n_iter=3),
+    "average": Measure.average(0.05, n_samples=3),
+    "relative_flatness": Measure.relative_flatness("head"),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_constructor_builds_the_one_measure_type(kind):
+    """Every constructor returns a ``Measure`` whose ``evaluate`` takes exactly
+    ``Measure.evaluate``'s arguments and whose ``with_rho`` keeps its type."""
+    m = KINDS[kind]
+    assert isinstance(m, Measure) and m.name == kind
+    assert isinstance(m, RelativeFlatness if kind == "relative_flatness" else SharpnessMeasure)
+    assert m.settings()["measure"] == m.name
+    wider = m.with_rho(0.2)
+    assert type(wider) is type(m) and wider.name == m.name
+    params = list(inspect.signature(type(m).evaluate).parameters.values())
+    assert params == list(inspect.signature(Measure.evaluate).parameters.values())
+    with pytest.raises(ValueError, match="rho"):
+        m.with_rho(-1.0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_measure_evaluates_through_one_call(kind):
+    """One call for every kind: the distributed modes (no process group here: each gives the
+    same value, an unknown one is refused), a result with value, per_batch, settings and
+    to_dict."""
+    m, model, data = KINDS[kind], transformer(), batches(2)
+    results = [
+        m.evaluate(model, cross_entropy, data, progress=False, distributed=mode)
+        for mode in ("auto", "batches", "split_batch", "off")
+    ]
+    assert len({r.value for r in results}) == 1
+    r = results[0]
+    assert r.settings["measure"] == m.name and r.settings["n_batches"] == 2
+    assert (r.settings["distributed"], r.settings["world_size"]) == ("off", 1)
+    assert len(r.per_batch) == 2 and r.value == pytest.approx(sum(r.per_batch) / 2, rel=1e-12)
+    assert json.loads(json.dumps(r.to_dict()))["value"] == r.value and r.wall_time >= 0
+    with pytest.raises(ValueError, match="distributed must be one of"):
+        m.evaluate(model, cross_entropy, data, progress=False, distributed="ranks")
+
+
+@pytest.mark.parametrize("kind", ["average", "relative_flatness"])
+def test_return_perturbation_is_refused_by_a_measure_without_one(kind):
+    with pytest.raises(ValueError, match="needs a worst-case measure"):
+        KINDS[kind].evaluate(
+            transformer(), cross_entropy, batches(1), progress=False, return_perturbation=True
+        )
+
+
+def test_relative_flatness_has_no_radius_to_calibrate():
+    m = KINDS["relative_flatness"]
+    assert m.with_rho(0.3) == m and m.with_rho(3.0).settings() == m.settings()
+    with pytest.raises(ValueError, match="does not depend on ρ"):
+        calibrate_rho(transformer(), cross_entropy, batches(1), target=0.1, measure=m)
+    with pytest.raises(ValueError, match="chunk_size"):
+        Measure.relative_flatness("head", chunk_size=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeanLoss(Measure):
+    """A measure of one's own: the mean loss over the batches (no ball)."""
+
+    name: str = "mean_loss"
+
+    def evaluate(
+        self, model, loss_fn, batches, *, progress=True, distributed="auto",
+        return_perturbation=False,
+    ) -> FlatnessResult:  # fmt: skip
+        with torch.no_grad():
+            per_batch = [float(loss_fn(model, b)) for b in batches]
+        value = sum(per_batch) / len(per_batch)
+        return FlatnessResult(value, per_batch, per_batch, self.settings(), 0.0)
+
+    def with_rho(self, rho: float) -> MeanLoss:
+        return self
+
+    def settings(self) -> dict:
+        return {"measure": self.name}
+
+
+def test_measure_is_abstract_and_the_tracker_takes_any_measure():
+    """``Measure`` itself cannot be built; the tracker calls every measure, one of one's own
+    included, through ``Measure.evaluate`` alone."""
+    with pytest.raises(TypeError, match="abstract"):
+        Measure()  # type: ignore[abstract]
+    model, data = transformer(), batches(2)
+    for m in (MeanLoss(), KINDS["relative_flatness"], KINDS["adaptive"]):
+        tracker = SharpnessTracker(m, cross_entropy, data, every=2)
+        assert tracker(model, 1) is None
+        tracked = tracker(model, 2)
+        assert tracked is not None and tracker.name == f"sharpness/{m.name}"
+        expected = m.evaluate(model, cross_entropy, data, progress=False)
+        assert tracked.value == expected.value and tracked.result.per_batch == expected.per_batch
+
+
+@pytest.mark.parametrize("kind", ["adaptive", "relative_flatness"])
+def test_the_tracker_gives_every_measure_its_distributed_mode(kind):
+    tracker = SharpnessTracker(KINDS[kind], cross_entropy, batches(1), every=1, distributed="x")
+    with pytest.raises(ValueError, match="distributed must be one of"):
+        tracker(transformer(), 1)
 
 
 # ---------------------------------------------------------------------- new-user guards

@@ -23,6 +23,7 @@ import torch
 
 from .. import Measure
 from ..manifolds import GLQuotient
+from ..sharpness import SharpnessMeasure
 from . import _common as C
 from . import _vit, diagonal
 
@@ -85,7 +86,7 @@ class Config:
     n_iter: int
     metrics: tuple[str, ...] = ("inv", "mix")
 
-    def measures(self, rho: float, geometry) -> dict[str, Measure]:
+    def measures(self, rho: float, geometry) -> dict[str, SharpnessMeasure]:
         """Geodesic sharpness with the second-order map and with the exact geodesic, on
         ``geometry`` (declared in the metric to measure)."""
         return {

@@ -26,7 +26,7 @@ from transformers import Trainer, TrainerCallback
 
 from ..optim import GeodesicSAM
 from ..options import Perturbation, checked_metric, option
-from ..sharpness import Measure, RelativeFlatness, SharpnessTracker
+from ..sharpness import Measure, SharpnessTracker
 from ..validation import positive_real
 
 Tensor = torch.Tensor
@@ -224,8 +224,8 @@ class SharpnessCallback(TrainerCallback):
     Args:
         trainer: the ``Trainer`` the callback is added to (any ``Trainer``, not only
             :class:`SAMTrainer`).
-        measure: a :class:`~quotientgeo.Measure` (geodesic, adaptive or average sharpness)
-            or a :class:`~quotientgeo.sharpness.RelativeFlatness`.
+        measure: a :class:`~quotientgeo.Measure` (geodesic, adaptive or average sharpness,
+            relative flatness).
         batches: fixed measurement batches, e.g. a few collated batches of the training set.
         loss_fn: ``loss_fn(model, batch) -> scalar``; default :func:`model_loss`
             (``model(**batch).loss``).
@@ -239,7 +239,7 @@ class SharpnessCallback(TrainerCallback):
     def __init__(
         self,
         trainer: Trainer,
-        measure: Measure | RelativeFlatness,
+        measure: Measure,
         batches: Iterable,
         *,
         loss_fn: Callable[[nn.Module, Any], Tensor] | None = None,

@@ -15,8 +15,10 @@ symmetry blocks and the straight line ``w + ξ`` on the adaptive rest, whose met
 
 The package, one idea per module, data flowing down:
 
-- :mod:`.measure`: the :class:`Measure` value (ball, map, metric, symmetries, case, ρ) and
-  :meth:`Measure.evaluate`; :mod:`.functions`: the public functions built on it;
+- :mod:`.measure`: :class:`Measure`, the one measure type (``name``, :meth:`Measure.evaluate`,
+  :meth:`Measure.with_rho`, :meth:`Measure.settings`, the named constructors), and its two
+  kinds: :class:`SharpnessMeasure` (ball, map, metric, symmetries, case, ρ) and
+  :class:`RelativeFlatness`; :mod:`.functions`: the public functions built on them;
 - :mod:`.run`: the batch driver (checks in :mod:`.checks`, the model guard in :mod:`.state`);
 - :mod:`.cases`: worst case (Auto-PGD, :mod:`.apgd`) or average, per batch;
 - :mod:`.objective`: the loss of a batch as a function of ``ξ``;
@@ -39,9 +41,9 @@ mode (no dropout, batch-norm running statistics).
 
 from .calibration import Calibration, calibrate_rho
 from .cases import AverageCase, WorstCase
-from .flatness import FlatnessResult, RelativeFlatness, relative_flatness
+from .flatness import FlatnessResult, relative_flatness
 from .functions import adaptive_sharpness, average_sharpness, geodesic_sharpness
-from .measure import Measure
+from .measure import Measure, MeasureResult, RelativeFlatness, SharpnessMeasure
 from .result import BatchRecord, SharpnessResult
 from .tracking import SharpnessTracker, TrackedSharpness
 
@@ -51,7 +53,9 @@ __all__ = [
     "Calibration",
     "FlatnessResult",
     "Measure",
+    "MeasureResult",
     "RelativeFlatness",
+    "SharpnessMeasure",
     "SharpnessResult",
     "SharpnessTracker",
     "TrackedSharpness",

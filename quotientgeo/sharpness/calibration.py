@@ -69,7 +69,9 @@ def calibrate_rho(
     Bisection in ``log ρ`` between a bracket ``[low, high]`` (widened by factors of 10 until
     it contains ``target``) until the value is within ``rtol · target``. Each step is one
     measurement, ``measure.with_rho(ρ).evaluate(...)``: ``measure`` is a
-    :class:`~quotientgeo.Measure` (its own ``ρ`` is not used), or the name of a constructor
+    :class:`~quotientgeo.Measure` with a ball (its own ``ρ`` is not used; a measure whose
+    ``with_rho`` does not change it, relative flatness, is a ``ValueError``), or the name of a
+    constructor
     (``"geodesic"``, ``"adaptive"``, ``"average"``) called with ``**measure_kwargs``, for
     example ``metric="inv"``, ``n_iter=20``; the worst case over a
     larger ball is larger, so the value grows with ``ρ`` (up to the maximiser's accuracy).
@@ -102,6 +104,8 @@ def calibrate_rho(
     low, high = positive_real("low", low), positive_real("high", high)
     if not low < high:
         raise ValueError(f"low must be smaller than high, got low={low}, high={high}")
+    if chosen.with_rho(low) == chosen.with_rho(high):
+        raise ValueError(f"measure {chosen.name!r} does not depend on ρ: nothing to calibrate")
     rtol = positive_real("rtol", rtol)
     max_evals = positive_int("max_evals", max_evals)
     evaluations: list[tuple[float, float]] = []

@@ -30,14 +30,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..geometry import shards as sh
+from ..options import Distributed
 from ..progress import progress_bar
 from ..validation import positive_int
 from .checks import check_batches, check_loss_fn, check_model
+from .ranks import described, ranks_for
 from .state import model_state_preserved
 
 Tensor = torch.Tensor
 
-__all__ = ["FlatnessResult", "RelativeFlatness", "relative_flatness"]
+__all__ = ["FlatnessResult", "relative_flatness"]
 
 RESTORED = "the model is restored"
 
@@ -51,7 +54,8 @@ class FlatnessResult:
         per_batch: ``κ`` of every batch.
         losses: the loss ``L_S`` of every batch at the model's weights.
         settings: the layer (name, shape), the Hessian-vector products per batch, the chunk
-            size, the number of batches, dtype and device.
+            size, the number of batches, the distributed mode and world size, dtype and
+            device.
         wall_time: seconds.
     """
 
@@ -72,45 +76,6 @@ class FlatnessResult:
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class RelativeFlatness:
-    """Relative flatness as a measure value: the same ``name`` and ``evaluate(model, loss_fn,
-    batches)`` entry point as :class:`~quotientgeo.Measure`, so a study's rows can mix the two
-    (build it with :meth:`Measure.relative_flatness <quotientgeo.Measure.relative_flatness>`).
-    It has no ball: no radius, map or case, and :meth:`with_rho` returns it unchanged.
-
-    Attributes:
-        layer: name of the feature ``nn.Linear`` in ``model.named_modules()``.
-        chunk_size: Hessian-vector products per backward pass.
-        name: what results and tables call it.
-    """
-
-    layer: str
-    chunk_size: int = 64
-    name: str = "relative_flatness"
-
-    def with_rho(self, rho: float) -> RelativeFlatness:
-        """Itself: relative flatness does not depend on a radius."""
-        return self
-
-    def evaluate(
-        self,
-        model: nn.Module,
-        loss_fn: Callable[[nn.Module, Any], Tensor],
-        batches: Iterable,
-        *,
-        progress: bool = True,
-    ) -> FlatnessResult:
-        """:func:`relative_flatness` of ``model``'s layer :attr:`layer`."""
-        return relative_flatness(
-            model, loss_fn, batches, layer=self.layer, chunk_size=self.chunk_size, progress=progress
-        )
-
-    def settings(self) -> dict[str, Any]:
-        """The fields as plain values."""
-        return {"measure": self.name, "layer": self.layer, "chunk_size": self.chunk_size}
-
-
 def relative_flatness(
     model: nn.Module,
     loss_fn: Callable[[nn.Module, Any], Tensor],
@@ -119,6 +84,7 @@ def relative_flatness(
     layer: str | nn.Linear,
     chunk_size: int = 64,
     progress: bool = True,
+    distributed: Distributed | str = Distributed.AUTO,
 ) -> FlatnessResult:
     r"""Relative flatness of Petzka et al. (NeurIPS 2021) of the feature layer ``layer``.
 
@@ -146,7 +112,16 @@ def relative_flatness(
             module itself.
         chunk_size: Hessian-vector products per backward pass (memory grows linearly with
             it); ``1`` computes them one by one without ``vmap``.
-        progress: a progress bar, on a terminal.
+        progress: a progress bar, on a terminal (and on rank 0 only).
+        distributed: in an initialised process group of several ranks, as for the sharpness
+            measures (:mod:`quotientgeo.sharpness.ranks`): ``"batches"`` (the default,
+            ``"auto"``): each rank measures its own batches and every rank returns the result
+            of one process on all ranks' batches, in rank order; ``"split_batch"``: the
+            ``k``-th batches of the ranks form one batch, whose ``κ`` and loss are the means
+            over ranks of the ranks' (exact when ``loss_fn`` is a mean over equally sized rank
+            batches: the Hessian of the mean loss is the mean of the Hessians, and ``κ`` is
+            linear in it); ``"off"``: each rank alone. Nothing without a process group. A
+            model sharded over the ranks (FSDP2) is refused.
 
     Returns:
         A :class:`FlatnessResult`; ``value`` is the mean of ``per_batch``.
@@ -156,6 +131,12 @@ def relative_flatness(
     check_batches(batches)
     name, linear = _feature_layer(model, layer)
     chunk_size = positive_int("chunk_size", chunk_size)
+    if sh.sharded_parameters(model.parameters()):
+        raise ValueError(
+            "relative flatness cannot measure a model sharded over the ranks (FSDP2): measure a "
+            "copy that every rank holds whole"
+        )
+    ranks = ranks_for(distributed)
     weight = linear.weight
     m, d = weight.shape
     n_hvps = min(m, d) * d
@@ -167,18 +148,25 @@ def relative_flatness(
     bar = progress_bar(
         total=None if count is None else count * chunks,
         desc="relative flatness",
-        enabled=progress,
+        enabled=progress and ranks.rank == 0,
     )
+    offset = ranks.batch_offset(batches)
     t0 = time.perf_counter()
-    values, losses = [], []
+    rows, failure = [], None
     with model_state_preserved(model), bar:
-        hessian = _LayerHessian(model, loss_fn, name, weight, chunk_size)
-        for i, batch in enumerate(batches):
-            loss, value = hessian.kappa(batch, i, advance=lambda: bar.update(1))
-            losses.append(loss)
-            values.append(value)
-    if not values:
+        try:
+            hessian = _LayerHessian(model, loss_fn, name, weight, chunk_size)
+            for i, batch in enumerate(batches):
+                rows.append(hessian.kappa(batch, offset + i, advance=lambda: bar.update(1)))
+        except Exception as err:
+            if ranks.world == 1:
+                raise
+            failure = described(err)  # the other ranks wait in merge: report there
+    rows = ranks.merge(rows, failure)
+    if not rows:
         raise ValueError("batches is empty: nothing to measure relative flatness on")
+    losses = [loss for loss, _ in rows]
+    values = [value for _, value in rows]
     settings = {
         "measure": "relative_flatness",
         "layer": name,
@@ -186,6 +174,8 @@ def relative_flatness(
         "hvps_per_batch": n_hvps,
         "chunk_size": chunk_size,
         "n_batches": len(values),
+        "distributed": ranks.mode.value,
+        "world_size": ranks.world,
         "dtype": str(weight.dtype),
         "device": str(weight.device),
     }

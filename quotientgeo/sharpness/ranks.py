@@ -18,6 +18,10 @@ more than one rank:
   mean over equally sized rank batches (the mean of the rank means is then the global mean).
 - :class:`Local` (``"off"``, or no process group): each rank returns its local result.
 
+Relative flatness needs no collective while it measures (its per-batch numbers are linear in
+the Hessian of the loss): each rank computes its rows of per-batch numbers alone and
+:meth:`Local.merge` combines them at the end, in the same modes.
+
 A failure on one rank (a raising ``loss_fn``, a non-finite loss) makes every rank raise a
 ``RuntimeError`` naming the rank, batch and iteration, instead of leaving the others waiting
 in a collective (except inside the forward or backward pass of a sharded model, whose own
@@ -35,7 +39,14 @@ from ..options import Distributed, option
 
 Tensor = torch.Tensor
 
-__all__ = ["Batches", "Local", "SplitBatch", "ranks_for"]
+__all__ = ["Batches", "Local", "SplitBatch", "described", "ranks_for"]
+
+
+def described(err: BaseException) -> str:
+    """``err`` as one line for the other ranks: its type, message and notes."""
+    return f"{type(err).__name__}: {err}" + "".join(
+        f" ({note})" for note in getattr(err, "__notes__", ())
+    )
 
 
 def ranks_for(mode: Distributed | str, *, sharded: bool = False) -> Local:
@@ -89,6 +100,12 @@ class Local:
         """This rank's records (and those of the others, where the mode gathers them)."""
         return records
 
+    def merge(self, rows: list[tuple[float, ...]], failure: str | None) -> list:
+        """Rows of per-batch numbers that each rank computed alone, as the mode returns them
+        (a collective in a group: every rank calls it, with its failure or ``None``); here
+        this rank's."""
+        return rows
+
 
 class _Group(Local):
     """A mode of an initialised process group of several ranks."""
@@ -137,13 +154,15 @@ class Batches(_Group):
 
     def failure(self, err: Exception) -> str:
         # the other ranks will wait in the gather of collect: report there
-        return f"{type(err).__name__}: {err}" + "".join(
-            f" ({note})" for note in getattr(err, "__notes__", ())
-        )
+        return described(err)
 
     def collect(self, records: list, failure: str | None) -> list:
         self.raise_failures(failure)
         return [r for part in self.gather(records) for r in part]
+
+    def merge(self, rows: list[tuple[float, ...]], failure: str | None) -> list:
+        """All ranks' rows, in rank order."""
+        return self.collect(rows, failure)
 
 
 class SplitBatch(_Group):
@@ -200,6 +219,17 @@ class SplitBatch(_Group):
         for g in grads:
             dist.all_reduce(g)
             g.div_(self.world)
+
+    def merge(self, rows: list[tuple[float, ...]], failure: str | None) -> list:
+        """The mean over ranks of the ``k``-th rows, for every ``k``: the numbers of the
+        global batch where they are linear in the rank-mean loss (the loss itself, a trace of
+        its Hessian)."""
+        self.raise_failures(failure)
+        parts = self.gather(rows)
+        return [
+            tuple(sum(column) / self.world for column in zip(*ranked, strict=True))
+            for ranked in zip(*parts, strict=True)
+        ]
 
     def _failed(self, where, err: Exception) -> None:
         if self.first_failure is None:

@@ -1,9 +1,8 @@
 """Sharpness during training: a measure evaluated every ``N`` steps on fixed batches.
 
 A training loop calls the tracker after each optimizer step; on the steps that are multiples
-of ``every`` it evaluates the measure (:class:`~quotientgeo.Measure`: geodesic, adaptive or
-average sharpness, or :class:`~quotientgeo.sharpness.RelativeFlatness`) on the same batches
-and records the value::
+of ``every`` it evaluates the measure (any :class:`~quotientgeo.Measure`: geodesic, adaptive
+or average sharpness, relative flatness) on the same batches and records the value::
 
     tracker = SharpnessTracker(Measure.geodesic(0.05, n_iter=10), loss_fn, batches, every=100)
     for step in range(1, n_steps + 1):
@@ -27,9 +26,7 @@ from torch import nn
 
 from ..options import Distributed
 from ..validation import positive_int
-from .flatness import FlatnessResult, RelativeFlatness
-from .measure import Measure
-from .result import SharpnessResult
+from .measure import Measure, MeasureResult
 
 Tensor = torch.Tensor
 
@@ -49,7 +46,7 @@ class TrackedSharpness:
 
     step: int
     value: float
-    result: SharpnessResult | FlatnessResult
+    result: MeasureResult
 
 
 class SharpnessTracker:
@@ -57,7 +54,7 @@ class SharpnessTracker:
 
     Args:
         measure: what to measure: a :class:`~quotientgeo.Measure` (geodesic, adaptive or
-            average sharpness) or a :class:`~quotientgeo.sharpness.RelativeFlatness`.
+            average sharpness, relative flatness).
         loss_fn: ``loss_fn(model, batch) -> scalar tensor``, as for :meth:`Measure.evaluate
             <quotientgeo.Measure.evaluate>`.
         batches: the measurement batches; read once into a list here, so every evaluation
@@ -65,8 +62,7 @@ class SharpnessTracker:
         every: evaluate at steps ``0, every, 2·every, ...`` (a positive integer).
         name: the key of the value in logs; default ``"sharpness/<measure.name>"``.
         distributed: passed to :meth:`Measure.evaluate <quotientgeo.Measure.evaluate>` in an
-            initialised process group (every rank must call the tracker); ignored for
-            relative flatness.
+            initialised process group (every rank must call the tracker).
 
     Calling the tracker with ``(model, step)`` returns the new :class:`TrackedSharpness` on a
     due step (and appends it to :attr:`history`), else ``None``.
@@ -74,7 +70,7 @@ class SharpnessTracker:
 
     def __init__(
         self,
-        measure: Measure | RelativeFlatness,
+        measure: Measure,
         loss_fn: Callable[[nn.Module, Any], Tensor],
         batches: Iterable,
         *,
@@ -82,10 +78,10 @@ class SharpnessTracker:
         name: str | None = None,
         distributed: Distributed | str = Distributed.BATCHES,
     ) -> None:
-        if not isinstance(measure, Measure | RelativeFlatness):
+        if not isinstance(measure, Measure):
             raise TypeError(
-                "measure must be a quotientgeo.Measure (Measure.geodesic, .adaptive, .average) "
-                f"or a RelativeFlatness, got {type(measure).__name__}"
+                "measure must be a quotientgeo.Measure (Measure.geodesic, .adaptive, .average, "
+                f".relative_flatness), got {type(measure).__name__}"
             )
         if not callable(loss_fn):
             raise TypeError("loss_fn must be callable: loss_fn(model, batch) -> scalar tensor")
@@ -105,12 +101,9 @@ class SharpnessTracker:
 
     def measure_now(self, model: nn.Module, step: int) -> TrackedSharpness:
         """Evaluate the measure on ``model`` now, record it under ``step`` and return it."""
-        if isinstance(self.measure, RelativeFlatness):
-            result = self.measure.evaluate(model, self.loss_fn, self.batches, progress=False)
-        else:
-            result = self.measure.evaluate(
-                model, self.loss_fn, self.batches, progress=False, distributed=self.distributed
-            )
+        result = self.measure.evaluate(
+            model, self.loss_fn, self.batches, progress=False, distributed=self.distributed
+        )
         tracked = TrackedSharpness(step=step, value=float(result.value), result=result)
         self.history.append(tracked)
         return tracked

@@ -8,8 +8,9 @@ import time
 
 import torch
 
-from quotientgeo import Measure, calibrate_rho
+from quotientgeo import calibrate_rho
 from quotientgeo.manifolds import DEFAULT_METRIC
+from quotientgeo.sharpness import SharpnessMeasure
 
 from .. import _common as C
 from .config import CALIBRATED_BY, GEODESIC, Study
@@ -20,7 +21,7 @@ from .training import train_population as _train
 AXES = {"init": (), "sgd": ("lr_factor", "batch_size")}  # grid axes (init: random draws)
 
 
-def bound(measure: Measure, model: DiagonalNet) -> Measure:
+def bound(measure: SharpnessMeasure, model: DiagonalNet) -> SharpnessMeasure:
     """``measure`` for ``model``: geodesic rows on its re-scaling pair, declared in their metric."""
     if measure.symmetries is None:
         return measure

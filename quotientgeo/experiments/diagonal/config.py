@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 
 from quotientgeo import Measure
+from quotientgeo.sharpness import SharpnessMeasure
 
 from .training import Config
 
@@ -65,7 +66,7 @@ class Size:
         )
 
 
-def rows(size: Size, seed: int) -> tuple[dict[str, Measure], dict[str, str]]:
+def rows(size: Size, seed: int) -> tuple[dict[str, SharpnessMeasure], dict[str, str]]:
     """The rows in print order, ``(measures, ball)``: each row's measure (at the placeholder
     ``ρ = 1``; geodesic rows get the re-scaling pair of each model when measured) and the row
     whose calibrated ``ρ₁`` it uses. The first-order and exact rows keep the second-order row's
@@ -103,7 +104,7 @@ class Study:
     seed: int
     size: Size
     populations: tuple[str, ...]
-    measures: dict[str, Measure]
+    measures: dict[str, SharpnessMeasure]
     ball: dict[str, str]
     progress: bool = True
 
@@ -112,7 +113,7 @@ class Study:
         """The rows with a ball of their own, in calibration order."""
         return [row for row, own in self.ball.items() if own == row]
 
-    def measure(self, row: str, factor: float, rho1: dict[str, float]) -> Measure:
+    def measure(self, row: str, factor: float, rho1: dict[str, float]) -> SharpnessMeasure:
         """Row ``row`` at ``ρ = factor · ρ₁`` of its ball."""
         return self.measures[row].with_rho(factor * rho1[self.ball[row]])
 

@@ -12,8 +12,6 @@ from typing import Any
 
 import torch
 
-from quotientgeo.sharpness.flatness import RelativeFlatness
-
 from .. import _common as C
 from . import task as M
 from .config import Config, batches
@@ -91,8 +89,7 @@ def print_gaps(config: Config, recipes: list[M.Recipe], metrics: list[dict]) -> 
 def evaluate(model, data, row: str, m) -> Value:
     """One measurement, or a failed one if it raised ``ValueError``."""
     try:
-        ranks = {} if isinstance(m, RelativeFlatness) else {"distributed": "off"}
-        result = m.evaluate(model, M.cross_entropy, data, progress=False, **ranks)
+        result = m.evaluate(model, M.cross_entropy, data, progress=False, distributed="off")
     except ValueError as err:
         return Value(math.nan, math.nan, f"{row}: {err}")
     return Value(result.value, getattr(result, "first_order_value", math.nan))

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from quotientgeo import Measure
-from quotientgeo.sharpness.flatness import RelativeFlatness
 
 from .. import _common as C
 from .. import _finetune, _vit
@@ -25,14 +24,13 @@ def measure(model, batches, member: int, row: str, factor: float, m: Row) -> Mea
     """One measurement of ``model``, or a failed one if it raised ``ValueError``; relative
     flatness has no radius nor first-order value (NaN)."""
     try:
-        if isinstance(m, RelativeFlatness):
-            flat = m.evaluate(model, _vit.cross_entropy, batches, progress=False)
-            return Measurement(member, row, factor, m, flat.value, float("nan"))
         result = m.evaluate(model, _vit.cross_entropy, batches, progress=False, distributed="off")
     except ValueError as err:
-        where = f" at rho={m.rho:.4g}" if isinstance(m, Measure) else ""
+        rho = m.settings().get("rho")
+        where = "" if rho is None else f" at rho={rho:.4g}"
         return Measurement.failed(member, row, factor, m, f"{row}{where}: {err}")
-    return Measurement(member, row, factor, m, result.value, result.first_order_value)
+    first_order = getattr(result, "first_order_value", float("nan"))
+    return Measurement(member, row, factor, m, result.value, first_order)
 
 
 def calibrate(model, batches, config: Config, m: Measure) -> Calibrated:
@@ -120,7 +118,6 @@ def collect(config: Config, population: C.Population, out: Path) -> Records:
     def calibrated(model) -> dict[str, Calibrated]:
         names, batches = config.calibrated, batches_of(0)
         balls = [config.measures[n] for n in names]
-        assert all(isinstance(m, Measure) for m in balls)  # relative flatness has no ball
         with bar("calibrating ρ₁", len(population.mine(len(names)))) as b:
             found = population.map(lambda m: calibrate(model, batches, config, m), balls, bar=b)
         return dict(zip(names, found, strict=True))

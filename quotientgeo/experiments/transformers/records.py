@@ -7,11 +7,10 @@ import math
 from typing import Any
 
 from quotientgeo import Measure
-from quotientgeo.sharpness.flatness import RelativeFlatness
 
 from .._finetune import FineTuning
 
-Row = Measure | RelativeFlatness  # what a table row measures
+Row = Measure  # what a table row measures
 
 
 @dataclasses.dataclass(frozen=True)
