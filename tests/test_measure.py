@@ -10,7 +10,6 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_same, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -25,6 +24,7 @@ from quotientgeo import (
 from quotientgeo.options import Norm, Perturbation
 from quotientgeo.progress import progress_bar
 from quotientgeo.testing import TinyTransformerClassifier, cross_entropy
+from quotientgeo.testing.assertions import assert_same, snapshot
 
 DT = torch.float64
 
