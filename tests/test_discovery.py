@@ -11,7 +11,6 @@ import warnings
 
 import pytest
 import torch
-from conftest import tiny_bert
 from torch import nn
 
 from quotientgeo import RotaryGLQuotient, Source, find_symmetries
@@ -232,7 +231,7 @@ def test_default_metric_and_bad_switches():
 
 
 # ---------------------------------------------------------------------- frozen attention
-def test_frozen_attention_is_reported_once_and_listed():
+def test_frozen_attention_is_reported_once_and_listed(tiny_bert):
     """Only the pooler trainable: the 2 attention blocks are named as frozen, not missing."""
     model = tiny_bert()
     model.requires_grad_(False)
@@ -248,7 +247,7 @@ def test_frozen_attention_is_reported_once_and_listed():
     assert find_symmetries(model, warn=False).skipped == geometry.skipped
 
 
-def test_partly_frozen_attention():
+def test_partly_frozen_attention(tiny_bert):
     """One layer frozen: counted alone; a pair with some frozen factors is warned as before."""
     model = tiny_bert()
     model.encoder.layer[0].attention.requires_grad_(False)

@@ -16,7 +16,6 @@ import re
 
 import pytest
 import torch
-from conftest import assert_same, snapshot, tiny_bert
 from torch import nn
 
 import quotientgeo.geometry.diagnosis as diagnosis_module
@@ -27,7 +26,8 @@ from quotientgeo import ParameterGeometry, Source
 from quotientgeo.optim import GeodesicSAM
 from quotientgeo.sharpness import average_sharpness, geodesic_sharpness
 from quotientgeo.sharpness.ranks import SplitBatch
-from quotientgeo.testing import TinyTransformerClassifier, cross_entropy
+from quotientgeo.testing import TinyTransformerClassifier, cross_entropy, models
+from quotientgeo.testing.assertions import assert_same, snapshot
 
 pytestmark = pytest.mark.filterwarnings("ignore:no parameter symmetry detected:UserWarning")
 
@@ -44,7 +44,8 @@ def bert_loss(model, batch):
 
 def stateful_bert(dtype=DT):
     """Tiny BERT in mixed train/eval modes, with ``.grad`` set on all but one parameter."""
-    model = tiny_bert(dtype)
+    pytest.importorskip("transformers")
+    model = models.tiny_bert(dtype)
     model.train()
     model.encoder.layer[0].eval()
     bert_loss(model, IDS).backward()
@@ -88,7 +89,7 @@ def test_rank_deficient_head_is_named_and_the_model_restored(layer, head, metric
     assert_same(before, snapshot(model))
 
 
-def test_several_heads_are_listed_with_a_count_and_float32_advice():
+def test_several_heads_are_listed_with_a_count_and_float32_advice(tiny_bert):
     model = tiny_bert(torch.float32)
     for layer in (0, 1):
         for head in range(HEAD):
@@ -108,7 +109,7 @@ def test_several_heads_are_listed_with_a_count_and_float32_advice():
     assert_same(before, snapshot(model))
 
 
-def test_rank_deficient_output_projection_names_the_H_factor():
+def test_rank_deficient_output_projection_names_the_H_factor(tiny_bert):
     model = tiny_bert(DT)
     with torch.no_grad():
         model.encoder.layer[1].attention.output.dense.weight[:, 4:8] = 0.0  # head 1's columns
@@ -121,7 +122,7 @@ def test_rank_deficient_output_projection_names_the_H_factor():
     ) in message
 
 
-def test_nearly_singular_head_is_named_in_a_non_finite_loss_error():
+def test_nearly_singular_head_is_named_in_a_non_finite_loss_error(tiny_bert):
     model = tiny_bert(DT)
     q = model.encoder.layer[1].attention.self.query
     with torch.no_grad():  # two equal features: rank deficient, yet the factorizations pass
@@ -145,7 +146,7 @@ def test_nearly_singular_head_is_named_in_a_non_finite_loss_error():
     assert f"{attention(1)}.self.QK (layer 1), head 2: G" in message
 
 
-def test_failures_that_are_not_the_weights_pass_through_unchanged():
+def test_failures_that_are_not_the_weights_pass_through_unchanged(tiny_bert):
     model = tiny_bert(DT)
 
     def loss_fn(m, batch):
@@ -291,7 +292,9 @@ class _NoDiagnosis:
 
 
 @pytest.mark.parametrize("metric", ["inv", "mix"])
-def test_healthy_model_gives_the_results_of_the_code_path_without_diagnosis(metric, monkeypatch):
+def test_healthy_model_gives_the_results_of_the_code_path_without_diagnosis(
+    tiny_bert, metric, monkeypatch
+):
     model = tiny_bert(DT, initializer_range=0.3)
     kw = dict(rho=0.05, metric=metric, progress=False)
 
@@ -355,7 +358,7 @@ def test_sam_step_names_a_non_finite_weight():
     assert_same(before, snapshot(model))
 
 
-def test_sam_step_on_a_healthy_model_is_the_step_without_diagnosis(monkeypatch):
+def test_sam_step_on_a_healthy_model_is_the_step_without_diagnosis(tiny_bert, monkeypatch):
     def step():
         model = tiny_bert(DT, initializer_range=0.3)
         opt = GeodesicSAM(model, torch.optim.SGD, rho=0.05, lr=0.1)
@@ -373,7 +376,7 @@ def test_sam_step_on_a_healthy_model_is_the_step_without_diagnosis(monkeypatch):
     assert all(torch.equal(diagnosed[n], plain[n]) for n in plain)
 
 
-def test_split_batch_raises_the_located_failure(monkeypatch):
+def test_split_batch_raises_the_located_failure(tiny_bert, monkeypatch):
     """With ``distributed="split_batch"`` every rank holds the same weights and the averaged
     gradients, so the geometry fails alike on all of them, and each raises the error that
     names the head (no rank waits in a collective)."""

@@ -13,23 +13,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import (
-    METRICS,
-    conditioned,
-    gen,
-    gl_cases,
-    interpolated_cases,
-    rel,
-    rel_err,
-    scale_cases,
-    well_conditioned,
-)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quotientgeo import GLQuotient, RescaleQuotient
 from quotientgeo.linalg import mT
 from quotientgeo.manifolds import InterpolatedGLQuotient
+from quotientgeo.testing.numerics import conditioned, gen, rel, rel_err, well_conditioned
+from quotientgeo.testing.strategies import METRICS, gl_cases, interpolated_cases, scale_cases
 
 DT = torch.float64
 RTOL = 1e-10

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import conditioned, gen, gl_cases, rel_err, tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +16,8 @@ from quotientgeo import GLQuotient, RotaryGLQuotient
 from quotientgeo.linalg import mT
 from quotientgeo.manifolds.gl.inv import inv_geodesic
 from quotientgeo.manifolds.ode import rtol_for, steps_for
+from quotientgeo.testing.numerics import conditioned, gen, rel_err, tol
+from quotientgeo.testing.strategies import gl_cases
 
 sizes = st.floats(0.05, 3.0)
 
@@ -240,9 +241,9 @@ def test_step_count_rule():
 
 # --------------------------------------------------------------------------- default move
 @pytest.mark.parametrize(("metric", "same_as"), [("inv", "exact"), ("mix", "second_order")])
-def test_default_perturbation_is_exact_where_the_geodesic_is_closed_form(metric, same_as):
-    from conftest import tiny_bert
-
+def test_default_perturbation_is_exact_where_the_geodesic_is_closed_form(
+    tiny_bert, metric, same_as
+):
     from quotientgeo import geodesic_sharpness
 
     model = tiny_bert(initializer_range=0.3)

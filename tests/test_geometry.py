@@ -8,11 +8,6 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import (
-    assert_parts_read_and_write_like_the_geometry,
-    assert_roundtrip_exact,
-    tiny_bert,
-)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -21,6 +16,10 @@ from quotientgeo.geometry import ParameterGeometry, Source, find_symmetries
 from quotientgeo.geometry.plan import build_plan
 from quotientgeo.manifolds import GLQuotient, RescaleQuotient
 from quotientgeo.testing import move_along_orbits_, moved_along_orbits
+from quotientgeo.testing.assertions import (
+    assert_parts_read_and_write_like_the_geometry,
+    assert_roundtrip_exact,
+)
 
 DT = torch.float64
 
@@ -171,7 +170,7 @@ def test_decoder_layer_maps_self_and_cross_attention():
 # ---------------------------------------------------------------------- Hugging Face styles
 
 
-def test_bert_mapping_and_symmetry():
+def test_bert_mapping_and_symmetry(tiny_bert):
     model = tiny_bert(DT)
     geometry = find_symmetries(model)
     assert [b.label for b in geometry.blocks][:2] == [
@@ -600,7 +599,7 @@ def test_source_group_and_interleave_errors_and_round_trip():
 
 
 # ---------------------------------------------------------------------- locating heads
-def test_locate_maps_kind_entries_to_blocks_heads_layers_and_parameters():
+def test_locate_maps_kind_entries_to_blocks_heads_layers_and_parameters(tiny_bert):
     model = tiny_bert(DT)
     geometry = find_symmetries(model)
     kind = geometry.kinds[0]  # the QK pairs of both layers, 4 heads each
@@ -660,5 +659,6 @@ def _layout_cases():
 @pytest.mark.parametrize("case", list(_layout_cases()))
 def test_parts_read_and_write_like_the_geometry(case):
     """The parts the measures and GeodesicSAM work on read, write and draw as ``gather`` and
-    ``scatter`` do (:func:`conftest.assert_parts_read_and_write_like_the_geometry`)."""
+    ``scatter`` do (``quotientgeo.testing.assertions``'s
+    :func:`assert_parts_read_and_write_like_the_geometry`)."""
     assert_parts_read_and_write_like_the_geometry(_layout_cases()[case]())

@@ -17,24 +17,19 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
-from conftest import (
-    METRICS,
-    autodiff_christoffel,
-    conditioned,
-    eps_of,
-    gen,
-    geomstats_christoffel,
-    gl_cases,
-    gl_metric_matrix,
-    rel_err,
-    tol,
-)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quotientgeo import GLQuotient
-from quotientgeo.linalg import mT
+from quotientgeo.linalg import gram, mT
 from quotientgeo.manifolds import InterpolatedGLQuotient
+from quotientgeo.testing.numerics import conditioned, eps_of, gen, rel_err, tol
+from quotientgeo.testing.oracles import (
+    autodiff_christoffel,
+    geomstats_christoffel,
+    gl_metric_matrix,
+)
+from quotientgeo.testing.strategies import METRICS, gl_cases
 
 KAPPA_MAX = {torch.float32: 1e1, torch.float64: 1e3}
 
@@ -598,21 +593,28 @@ def test_rank_deficient_factor_raises(metric, factor, method):
 
 
 @pytest.mark.parametrize("metric", METRICS)
-def test_nearly_rank_deficient_never_silently_nan(metric):
-    """Columns dependent up to rounding: either a ValueError or finite output, never NaN."""
+def test_nearly_rank_deficient_raises(metric):
+    """Columns dependent up to rounding: a ValueError naming ``GᵀG`` and suggesting eps.
+
+    ``G[:, 2] = G[:, 0] + G[:, 1]`` rounded: ``cond(G) ≈ 7e15``, so ``cond(GᵀG) ≈ 3e31``, far
+    past ``1/eps`` (the point is rank deficient to float64 precision, as
+    ``_check_point_on_manifold`` says), and the computed ``GᵀG`` has its smallest eigenvalue
+    at rounding level, of either sign. No finite answer is right there: where the Cholesky
+    factorization of that Gram matrix happens to succeed (about a third of the seeds), the
+    projection comes out finite but wrong (not idempotent, by 7e-2 to 5e-1). The ValueError is
+    the right outcome; the library gives it when the factorization fails, which it does for
+    this seed (checked first: ``info == 3``, the last pivot not positive).
+    """
     g = gen(5)
     m = GLQuotient(5, metric)
     G = torch.randn(5, 3, generator=g, dtype=torch.float64)
     G[:, 2] = G[:, 0] + G[:, 1]
+    assert torch.linalg.cholesky_ex(gram(G)).info.item() == 3  # the case this test is about
     x = m.join(G, torch.randn(4, 3, generator=g, dtype=torch.float64))
     u = torch.randn(x.shape, generator=g, dtype=torch.float64)
     for method in ("proju", "egrad2rgrad", "christoffel", "expmap2"):
-        try:
-            out = getattr(m, method)(x, u)
-        except ValueError as err:
-            assert "eps" in str(err)
-        else:
-            assert bool(torch.isfinite(out).all()), method
+        with pytest.raises(ValueError, match=r"GᵀG is not positive definite.*eps"):
+            getattr(m, method)(x, u)
 
 
 def test_float32_and_float64_preserved():

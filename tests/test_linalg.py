@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
-from conftest import BATCHES, DTYPES, conditioned, gen, rel_err, tol
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,6 +20,8 @@ from quotientgeo.linalg import (
     sylvester_basis,
     sym,
 )
+from quotientgeo.testing.numerics import conditioned, gen, rel_err, tol
+from quotientgeo.testing.strategies import BATCHES, DTYPES
 
 
 @st.composite

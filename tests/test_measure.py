@@ -12,7 +12,6 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_same, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -30,6 +29,7 @@ from quotientgeo.options import Norm, Perturbation
 from quotientgeo.progress import progress_bar
 from quotientgeo.sharpness import RelativeFlatness, SharpnessMeasure
 from quotientgeo.testing import TinyTransformerClassifier, cross_entropy
+from quotientgeo.testing.assertions import assert_same, snapshot
 
 DT = torch.float64
 

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_parts_read_and_write_like_the_geometry
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -43,6 +42,7 @@ from quotientgeo import (
     geodesic_sharpness,
 )
 from quotientgeo.testing import moved_along_orbits
+from quotientgeo.testing.assertions import assert_parts_read_and_write_like_the_geometry
 
 DT = torch.float64
 RTOL = 1e-10

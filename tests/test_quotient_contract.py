@@ -13,7 +13,6 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import interpolated_cases, rel, scale_cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,6 +29,8 @@ from quotientgeo import (
 from quotientgeo.linalg import conditioned_matrix, haar_orthogonal
 from quotientgeo.manifolds import GLMixQuotient, GLTotalSpace
 from quotientgeo.testing import QuotientReport, check_quotient
+from quotientgeo.testing.numerics import rel
+from quotientgeo.testing.strategies import interpolated_cases, scale_cases
 
 DTYPES = (torch.float32, torch.float64)
 BATCHES = ((), (2,), (2, 3))

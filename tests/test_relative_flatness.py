@@ -10,13 +10,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_same, snapshot
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
 import quotientgeo as qg
 from quotientgeo.sharpness import FlatnessResult, relative_flatness
+from quotientgeo.testing.assertions import assert_same, snapshot
 
 DT = torch.float64
 

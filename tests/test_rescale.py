@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import BATCHES, DTYPES, METRICS, autodiff_christoffel, gen, rel_err, tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quotientgeo import AdaptiveGeometry, RescaleQuotient
+from quotientgeo.testing.numerics import gen, rel_err, tol
+from quotientgeo.testing.oracles import autodiff_christoffel
+from quotientgeo.testing.strategies import BATCHES, DTYPES, METRICS
 
 
 @st.composite

@@ -11,11 +11,11 @@ import math
 
 import pytest
 import torch
-from conftest import conditioned, gen
 from hypothesis import given
 from hypothesis import strategies as st
 
 from quotientgeo import GLQuotient, RotaryGLQuotient
+from quotientgeo.testing.numerics import conditioned, gen
 
 DT = torch.float64
 
@@ -82,13 +82,14 @@ def test_projection_is_horizontal_and_idempotent(case):
 @given(rotary_cases())
 def test_projection_is_equivariant_under_the_subgroup_only(case):
     manifold, x, u, g = case
-    A = manifold.random_group(x, generator=g)
+    # cond(A) <= 4 (moduli and singular values in [1/2, 2]): with factors of condition <= 10
+    # the moved factors have condition <= 40, their Gram matrices <= 1600, so a fixed bound
+    # holds for every drawn case. Measured worst over 600 examples: 1.8e-14 (81 eps).
+    A = manifold.random_group(x, generator=g, condition=4.0)
+    assert float(torch.linalg.cond(A).max()) <= 4.0 + 1e-9
     moved = manifold.act(x, A)
     lhs = manifold.proju(moved, manifold.push(x, u, A))
-    # a Gaussian A can be ill-conditioned; the projection at the moved point then loses
-    # cond(A)² digits (its Gram matrices are conjugated by A)
-    cond = float(torch.linalg.cond(A).max())
-    assert relative(lhs, manifold.push(x, manifold.proju(x, u), A)) < 1e-13 * max(cond, 10) ** 2
+    assert relative(lhs, manifold.push(x, manifold.proju(x, u), A)) < 1e-12
 
 
 def test_generic_gl_elements_are_not_equivariant():

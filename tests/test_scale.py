@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import rel, scale_cases
 from hypothesis import given, settings
 
 from quotientgeo.manifolds import ScaleQuotient
+from quotientgeo.testing.numerics import rel
+from quotientgeo.testing.strategies import scale_cases
 
 DT = torch.float64
 SETTINGS = settings(max_examples=12, deadline=None, derandomize=True)

@@ -1,6 +1,9 @@
-"""A tiny transformer classifier, its loss and random data, for tests, examples and docs."""
+"""A tiny transformer classifier, its loss and random data, and a tiny Hugging Face BERT, for
+tests, examples and docs."""
 
 from __future__ import annotations
+
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -8,7 +11,7 @@ from torch import nn
 
 Tensor = torch.Tensor
 
-__all__ = ["TinyTransformerClassifier", "cross_entropy", "random_batches"]
+__all__ = ["TinyTransformerClassifier", "cross_entropy", "random_batches", "tiny_bert"]
 
 
 class TinyTransformerClassifier(nn.Module):
@@ -62,3 +65,27 @@ def random_batches(
         )
         for _ in range(n)
     ]
+
+
+def tiny_bert(dtype: torch.dtype = torch.float64, **overrides) -> nn.Module:
+    """A 2-layer, 4-head, width-16 ``transformers.BertModel`` (eager attention, vocabulary 40,
+    at most 12 positions) in eval mode, initialised from seed 0 and cast to ``dtype``.
+
+    Needs Hugging Face transformers (raises :class:`ImportError` without it); ``overrides`` go
+    to ``BertConfig``.
+    """
+    import transformers
+
+    settings: dict[str, Any] = dict(
+        vocab_size=40,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=24,
+        max_position_embeddings=12,
+        attn_implementation="eager",
+    )
+    config = transformers.BertConfig(**{**settings, **overrides})
+    torch.manual_seed(0)
+    model = cast(nn.Module, transformers.BertModel(config))
+    return model.to(dtype).eval()
