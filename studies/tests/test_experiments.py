@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from quotientgeo.cli import main
-from quotientgeo.experiments import COMMANDS
+from quotientgeo_studies import COMMANDS
 
 pytest.importorskip("matplotlib")
 pytest.importorskip("scipy")
@@ -244,7 +244,7 @@ def test_transformers_random_population_quick(tmp_path):
 
 def test_transformers_figures_redraw_from_json(quick, tmp_path):
     """The documented re-draw: both figures from a finished run's JSON, as written."""
-    from quotientgeo.experiments import transformers
+    from quotientgeo_studies import transformers
 
     out, payload = quick("transformers")
     drawn = transformers.figures(payload, tmp_path)
@@ -311,8 +311,8 @@ def test_modular_task_and_model():
     import torch
 
     import quotientgeo
-    from quotientgeo.experiments.modular import config as modular_config
-    from quotientgeo.experiments.modular import task
+    from quotientgeo_studies.modular import config as modular_config
+    from quotientgeo_studies.modular import task
 
     for p, seed in [(7, 0), (13, 3), (31, 1)]:
         t = task.Task(p, seed)
@@ -336,7 +336,7 @@ def test_modular_task_and_model():
 
 
 def test_modular_figures_redraw_from_json(quick, tmp_path):
-    from quotientgeo.experiments import modular
+    from quotientgeo_studies import modular
 
     out, payload = quick("modular")
     drawn = modular.figures(payload, tmp_path)
@@ -406,7 +406,7 @@ def test_sam_study_does_not_depend_on_the_number_of_workers(quick, tmp_path):
 def test_label_noise_flips_exactly_the_fraction_to_other_classes():
     import torch
 
-    from quotientgeo.experiments.sam import with_label_noise
+    from quotientgeo_studies.sam import with_label_noise
 
     y = torch.arange(1000) % 10
     for fraction in (0.0, 0.2, 0.4):
@@ -419,7 +419,7 @@ def test_granulated_tau_averages_tau_within_groups_that_differ_in_one_axis():
     """Ψ against a hand count on a 2×3 grid, and an axis whose groups are all constant."""
     from scipy.stats import kendalltau
 
-    from quotientgeo.experiments._common import granulated_tau
+    from quotientgeo_studies._common import granulated_tau
 
     members = [{"lr": lr, "wd": wd} for lr in (1, 2) for wd in (0, 1, 2)]
     gaps = [0.1, 0.2, 0.3, 0.5, 0.4, 0.6]
