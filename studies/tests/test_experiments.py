@@ -160,8 +160,10 @@ def test_diagonal_one_population(tmp_path):
 def test_invariance_quick_is_invariant(quick):
     _, payload = quick("invariance")
     assert payload["max_output_change"] < 1e-10
-    assert payload["max_relative_deviation"]["geodesic_mix"] < 1e-3
-    assert payload["max_relative_deviation"]["geodesic_inv"] < 1e-3
+    # the model, the data and every norm run in float64 (the study casts the model and the
+    # batch to it): invariance holds to rounding, measured 4e-14 to 7e-14
+    assert payload["max_relative_deviation"]["geodesic_mix"] <= 1e-9
+    assert payload["max_relative_deviation"]["geodesic_inv"] <= 1e-9
 
 
 def test_transformers_quick_fields(quick):
@@ -255,11 +257,17 @@ def test_transformers_figures_redraw_from_json(quick, tmp_path):
 
 
 def test_transformers_reuses_cache(quick, capsys):
+    """The re-run takes every model from the cache and measures them again, with the first
+    run's settings: the same values. (With fewer Auto-PGD iterations than the calibration of the
+    first run, ``--n-iter 1``, ρ₁ of the mix ball came out 65 times larger and the exact
+    geodesics at ``f = 10`` too long to integrate at their stated accuracy.)"""
     out, payload = quick("transformers")
     args = ["reproduce", "transformers", "--quick", "--no-progress", "--out", str(out)]
-    assert main([*args, "--n-iter", "1"]) == 0
+    assert main(args) == 0
     n = payload["n_models"]
     assert f"{n}/{n} models from the cache" in capsys.readouterr().out
+    again = json.loads((out / "transformers.json").read_text())
+    assert again["kendall_tau"] == payload["kendall_tau"]
 
 
 def test_modular_quick_fields(quick):
