@@ -2,22 +2,23 @@
 
 Train a population of diagonal networks ``xᵀ(u ⊙ v)`` on sparse regression, declare their
 re-scaling symmetry explicitly, and correlate sharpness with the generalization gap.
-``quotientgeo reproduce diagonal`` is the full version (figure, JSON, progress bars).
+``quotientgeo reproduce diagonal`` is the full version (figure, JSON, progress bars). The data
+and the networks come from the studies: ``pip install ./studies`` from a clone.
 """
 
 from scipy.stats import kendalltau
 
 from quotientgeo import ParameterGeometry, adaptive_sharpness, geodesic_sharpness
-from quotientgeo.experiments.diagonal import (
-    Config,
+from quotientgeo_studies.diagonal import (
     DiagonalNet,
+    TrainingConfig,
     hyperparameters,
     make_data,
     mse,
     train_population,
 )
 
-cfg = Config(n_models=20)
+cfg = TrainingConfig(n_models=20)
 data = make_data(cfg, seed=0)
 nets = train_population(data, hyperparameters(cfg.n_models, cfg.n, seed=0), cfg, seed=0)
 gap = (nets["test_loss"] - nets["train_loss"]).tolist()

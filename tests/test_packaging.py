@@ -134,3 +134,19 @@ def test_import_is_quiet_and_silences_only_geoopts_jit_warning():
     )
     lines = [line for line in done.stderr.splitlines() if "Warning" in line]
     assert len(lines) == 1 and "<string>" in lines[0], done.stderr
+
+
+def test_the_library_holds_no_study_code():
+    """The studies and the developer benchmarks are a distribution of their own (studies/): the
+    installed library lists none of their files, and no module of it imports them."""
+    files = [str(f) for f in metadata.files("quotientgeo") or []]
+    prefixes = ("quotientgeo/experiments/", "quotientgeo_studies/")
+    assert not [f for f in files if f.startswith(prefixes)]
+    package = Path(quotientgeo.__file__).parent
+    assert not (package / "experiments").exists()
+    importing = [
+        p.relative_to(package)
+        for p in package.rglob("*.py")
+        if re.search(r"^\s*(from|import)\s+quotientgeo_studies\b", p.read_text(), re.M)
+    ]
+    assert not importing

@@ -18,14 +18,18 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
-from .. import Measure
-from ..manifolds import GLQuotient
-from ..sharpness import SharpnessMeasure
+from quotientgeo import Measure
+from quotientgeo.manifolds import GLQuotient
+from quotientgeo.sharpness import SharpnessMeasure
+
 from . import _common as C
 from . import _vit, diagonal
+from .pipeline import Study, run_study
 
 MAPS = ("second_order", "rk4_10", "rk4_auto")
 
@@ -52,18 +56,18 @@ def map_errors(model, symmetries, metric: str, perturbation: dict) -> dict[str, 
     return worst
 
 
-def models(args):
+def models(quick: bool, seed: int):
     """``{name: (model, loss_fn, batches, geometry)}`` for the two networks."""
     from quotientgeo import find_symmetries
 
-    cfg = diagonal.Config.quick() if args.quick else diagonal.Config(n_models=1)
+    cfg = diagonal.TrainingConfig.quick() if quick else diagonal.TrainingConfig(n_models=1)
     cfg.n_models = 1
-    data = diagonal.make_data(cfg, args.seed)
-    hp = diagonal.hyperparameters(1, cfg.n, args.seed)
+    data = diagonal.make_data(cfg, seed)
+    hp = diagonal.hyperparameters(1, cfg.n, seed)
     hp["alpha"][:] = 0.1
-    t = diagonal.train_population(data, hp, cfg, args.seed)
+    t = diagonal.train_population(data, hp, cfg, seed)
     dnet = diagonal.DiagonalNet(t["u"][0], t["v"][0])
-    vit, vdata = _vit.small_trained(args.quick, args.seed)
+    vit, vdata = _vit.small_trained(quick, seed)
     vbatch = [(vdata["x_train"][:128], vdata["y_train"][:128])]
     return {
         "diagonal": (dnet, diagonal.mse, [(data["X"], data["y"])], diagonal.rescale_geometry(dnet)),
@@ -85,6 +89,7 @@ class Config:
     rhos: tuple[float, ...]
     n_iter: int
     metrics: tuple[str, ...] = ("inv", "mix")
+    progress: bool = True
 
     def measures(self, rho: float, geometry) -> dict[str, SharpnessMeasure]:
         """Geodesic sharpness with the second-order map and with the exact geodesic, on
@@ -117,16 +122,38 @@ def config(args: argparse.Namespace) -> Config:
     rhos = (
         [1e-3, 1e-2, 1e-1] if args.quick else torch.logspace(-3, 0, 7, dtype=torch.float64).tolist()
     )
-    return Config(args.quick, args.seed, tuple(rhos), 3 if args.quick else 20)
+    n_iter = 3 if args.quick else 20
+    return Config(args.quick, args.seed, tuple(rhos), n_iter, progress=not args.no_progress)
 
 
-def collect(config: Config, args: argparse.Namespace) -> list[Point]:
-    """Every (network, metric, ρ): both measures, and the map errors at the exact ξ*."""
+@dataclass(frozen=True)
+class Records:
+    """Every point, in (network, metric, ρ) order, and when collecting started."""
+
+    points: list[Point]
+    started: float
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """The records and the per-ρ series of :func:`analyse`."""
+
+    records: Records
+    results: dict[str, dict[str, dict[str, list[float]]]]
+
+
+def collect(config: Config, population: C.Population, out: Path) -> Records:
+    """Every (network, metric, ρ): both measures, and the map errors at the exact ξ* (one
+    process measures everything)."""
+    from quotientgeo.progress import progress_bar
+
+    started = time.perf_counter()
     points = []
     with C.threads(1):
-        nets = models(args)
+        nets = models(config.quick, config.seed)
         jobs = [(n, m, r) for n in nets for m in config.metrics for r in config.rhos]
-        for name, metric, rho in C.progress(jobs, args=args, desc="rho sweep"):
+        bar = progress_bar(jobs, desc="rho sweep", enabled=config.progress, leave=True)
+        for name, metric, rho in bar:
             model, loss_fn, batches, geometry = nets[name]
             found = {
                 p: m.evaluate(
@@ -139,13 +166,13 @@ def collect(config: Config, args: argparse.Namespace) -> list[Point]:
             points.append(
                 Point(name, metric, rho, found["second_order"].value, found["exact"].value, errors)
             )
-    return points
+    return Records(points, started)
 
 
-def analyse(points: list[Point]) -> dict[str, dict[str, dict[str, list[float]]]]:
+def analyse(config: Config, records: Records) -> Analysis:
     """``{network: {metric: {second_order, exact, relative_difference, map_error_*: [per ρ]}}}``."""
     results: dict[str, dict[str, dict[str, list[float]]]] = {}
-    for p in points:
+    for p in records.points:
         entry = results.setdefault(p.network, {}).setdefault(
             p.metric,
             {
@@ -160,11 +187,12 @@ def analyse(points: list[Point]) -> dict[str, dict[str, dict[str, list[float]]]]
         entry["relative_difference"].append(p.relative_difference)
         for k in MAPS:
             entry[f"map_error_{k}"].append(p.map_errors[k])
-    return results
+    return Analysis(records, results)
 
 
-def report(config: Config, points: list[Point], results: dict, out, started: float) -> None:
+def report(config: Config, analysis: Analysis, out: Path) -> dict[str, Any]:
     """The table, ``rho_sweep.json`` and ``rho_sweep.png``."""
+    points, results = analysis.records.points, analysis.results
     rows = [
         [p.network, p.metric, f"{p.rho:.3g}", f"{p.second_order:.4g}", f"{p.exact:.4g}"]
         + [f"{p.relative_difference:.2e}"]
@@ -191,27 +219,25 @@ def report(config: Config, points: list[Point], results: dict, out, started: flo
     ax.set_title("Second-order vs exact geodesic sharpness")
     ax.legend(fontsize=8)
     C.save_figure(fig, out / "rho_sweep.png")
-    C.write_json(
-        out / "rho_sweep.json",
-        {
-            "command": "rho-sweep",
-            "quick": config.quick,
-            "seed": config.seed,
-            "rho": rhos,
-            "n_iter": config.n_iter,
-            "results": results,
-            "seconds": time.perf_counter() - started,
-        },
-    )
+    payload = {
+        "command": "rho-sweep",
+        "quick": config.quick,
+        "seed": config.seed,
+        "rho": rhos,
+        "n_iter": config.n_iter,
+        "results": results,
+        "seconds": time.perf_counter() - analysis.records.started,
+    }
+    C.write_json(out / "rho_sweep.json", payload)
     print(f"wrote {out / 'rho_sweep.json'} and {out / 'rho_sweep.png'}")
+    return payload
+
+
+STUDY = Study(config, collect, analyse, report)
+"""The study (:class:`~.pipeline.Study`): :class:`Config` and this module's functions."""
 
 
 def run(args: argparse.Namespace) -> int:
     """Second-order vs exact geodesics across ρ: ``config`` → ``collect`` → ``analyse`` →
     ``report`` (one process measures everything)."""
-    started = time.perf_counter()
-    out = C.out_dir(args)
-    study = config(args)
-    points = collect(study, args)
-    report(study, points, analyse(points), out, started)
-    return 0
+    return run_study(STUDY, args)

@@ -31,11 +31,12 @@ from typing import Any, cast
 
 import torch
 
-from ..bench.sam import step_times
-from ..optim.training import METHODS, make_optimizer, train_step
+from quotientgeo.optim.training import METHODS, make_optimizer, train_step
+
 from . import _common as C
 from . import _vit
-from .pipeline import add_workers_argument, run_with_workers
+from .bench.sam import step_times
+from .pipeline import Study, add_workers_argument, run_with_workers
 
 NOISE = (0.0, 0.2, 0.4)
 #: the ρ grid of each SAM-type method (ASAM's adaptive ball is larger at equal ρ)
@@ -354,23 +355,8 @@ def report(config: Config, analysis: Analysis, out: Path) -> dict[str, Any]:
     return payload
 
 
-class SamStudy:
-    name = "sam"
-
-    def config(self, args: argparse.Namespace) -> Config:
-        return config(args)
-
-    def collect(self, config: Config, population: C.Population, out: Path) -> Records:
-        return collect(config, population, out)
-
-    def analyse(self, config: Config, records: Records) -> Analysis:
-        return analyse(config, records)
-
-    def report(self, config: Config, analysis: Analysis, out: Path) -> dict[str, Any]:
-        return report(config, analysis, out)
-
-
-STUDY = SamStudy()
+STUDY = Study(config, collect, analyse, report)
+"""The study (:class:`~.pipeline.Study`): :class:`Config` and this module's functions."""
 
 
 def figure(config: Config, analysis: Analysis, path: Path) -> None:

@@ -23,7 +23,7 @@ from .. import _common as C
 
 
 @dataclass
-class Config:
+class TrainingConfig:
     """Data and training sizes (``--quick`` shrinks them); ``n_models``: the first population."""
 
     d: int = 200
@@ -35,12 +35,12 @@ class Config:
     max_steps: int = 300_000
 
     @classmethod
-    def quick(cls) -> Config:
+    def quick(cls) -> TrainingConfig:
         return cls(d=40, n=20, n_test=500, n_models=8, target_loss=1e-3, max_steps=20_000)
 
 
 # ---------------------------------------------------------------------- data and training
-def make_data(cfg: Config, seed: int) -> dict[str, torch.Tensor]:
+def make_data(cfg: TrainingConfig, seed: int) -> dict[str, torch.Tensor]:
     """Gaussian inputs, ``(1 - sparsity)·d`` non-zero Gaussian coefficients, noiseless labels."""
     gen = torch.Generator().manual_seed(seed)
     k = max(1, round((1 - cfg.sparsity) * cfg.d))
@@ -77,7 +77,11 @@ def sgd_grid(
 
 
 def train_population(
-    data: dict[str, torch.Tensor], hp: dict[str, torch.Tensor], cfg: Config, seed: int, bar=None
+    data: dict[str, torch.Tensor],
+    hp: dict[str, torch.Tensor],
+    cfg: TrainingConfig,
+    seed: int,
+    bar=None,
 ) -> dict[str, torch.Tensor]:
     """SGD on all networks at once until each one's training loss is below ``cfg.target_loss``.
 

@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from quotientgeo.cli import main
-from quotientgeo.experiments import COMMANDS
+from quotientgeo_studies import COMMANDS
 
 pytest.importorskip("matplotlib")
 pytest.importorskip("scipy")
@@ -160,8 +160,10 @@ def test_diagonal_one_population(tmp_path):
 def test_invariance_quick_is_invariant(quick):
     _, payload = quick("invariance")
     assert payload["max_output_change"] < 1e-10
-    assert payload["max_relative_deviation"]["geodesic_mix"] < 1e-3
-    assert payload["max_relative_deviation"]["geodesic_inv"] < 1e-3
+    # the model, the data and every norm run in float64 (the study casts the model and the
+    # batch to it): invariance holds to rounding, measured 4e-14 to 7e-14
+    assert payload["max_relative_deviation"]["geodesic_mix"] <= 1e-9
+    assert payload["max_relative_deviation"]["geodesic_inv"] <= 1e-9
 
 
 def test_transformers_quick_fields(quick):
@@ -244,7 +246,7 @@ def test_transformers_random_population_quick(tmp_path):
 
 def test_transformers_figures_redraw_from_json(quick, tmp_path):
     """The documented re-draw: both figures from a finished run's JSON, as written."""
-    from quotientgeo.experiments import transformers
+    from quotientgeo_studies import transformers
 
     out, payload = quick("transformers")
     drawn = transformers.figures(payload, tmp_path)
@@ -255,11 +257,17 @@ def test_transformers_figures_redraw_from_json(quick, tmp_path):
 
 
 def test_transformers_reuses_cache(quick, capsys):
+    """The re-run takes every model from the cache and measures them again, with the first
+    run's settings: the same values. (With fewer Auto-PGD iterations than the calibration of the
+    first run, ``--n-iter 1``, ρ₁ of the mix ball came out 65 times larger and the exact
+    geodesics at ``f = 10`` too long to integrate at their stated accuracy.)"""
     out, payload = quick("transformers")
     args = ["reproduce", "transformers", "--quick", "--no-progress", "--out", str(out)]
-    assert main([*args, "--n-iter", "1"]) == 0
+    assert main(args) == 0
     n = payload["n_models"]
     assert f"{n}/{n} models from the cache" in capsys.readouterr().out
+    again = json.loads((out / "transformers.json").read_text())
+    assert again["kendall_tau"] == payload["kendall_tau"]
 
 
 def test_modular_quick_fields(quick):
@@ -311,8 +319,8 @@ def test_modular_task_and_model():
     import torch
 
     import quotientgeo
-    from quotientgeo.experiments.modular import config as modular_config
-    from quotientgeo.experiments.modular import task
+    from quotientgeo_studies.modular import config as modular_config
+    from quotientgeo_studies.modular import task
 
     for p, seed in [(7, 0), (13, 3), (31, 1)]:
         t = task.Task(p, seed)
@@ -336,7 +344,7 @@ def test_modular_task_and_model():
 
 
 def test_modular_figures_redraw_from_json(quick, tmp_path):
-    from quotientgeo.experiments import modular
+    from quotientgeo_studies import modular
 
     out, payload = quick("modular")
     drawn = modular.figures(payload, tmp_path)
@@ -406,7 +414,7 @@ def test_sam_study_does_not_depend_on_the_number_of_workers(quick, tmp_path):
 def test_label_noise_flips_exactly_the_fraction_to_other_classes():
     import torch
 
-    from quotientgeo.experiments.sam import with_label_noise
+    from quotientgeo_studies.sam import with_label_noise
 
     y = torch.arange(1000) % 10
     for fraction in (0.0, 0.2, 0.4):
@@ -419,7 +427,7 @@ def test_granulated_tau_averages_tau_within_groups_that_differ_in_one_axis():
     """Ψ against a hand count on a 2×3 grid, and an axis whose groups are all constant."""
     from scipy.stats import kendalltau
 
-    from quotientgeo.experiments._common import granulated_tau
+    from quotientgeo_studies._common import granulated_tau
 
     members = [{"lr": lr, "wd": wd} for lr in (1, 2) for wd in (0, 1, 2)]
     gaps = [0.1, 0.2, 0.3, 0.5, 0.4, 0.6]

@@ -32,42 +32,22 @@ rank 0 writes ``modular.json``, ``modular.png`` (every row against the gap at ``
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-from typing import Any
 
 from .. import _common as C
-from ..pipeline import add_workers_argument, run_with_workers
+from ..pipeline import Study, add_workers_argument, run_with_workers
 from .analyse import analyse as _analyse
-from .collect import Records
 from .collect import collect as _collect
 from .config import Config
-from .config import config as make_config
+from .config import config as _config
 from .report import figures
 from .report import report as _report
 
-__all__ = ["STUDY", "add_arguments", "figures", "run"]
+__all__ = ["STUDY", "Config", "add_arguments", "figures", "run"]
 
-
-class ModularStudy:
-    """The study's four steps (:class:`~..pipeline.Study`); ``--gaps-only`` stops after
-    training."""
-
-    name = "modular"
-
-    def config(self, args: argparse.Namespace) -> Config:
-        return make_config(args)
-
-    def collect(self, config: Config, population: C.Population, out: Path) -> Records | None:
-        return _collect(config, population, out)
-
-    def analyse(self, config: Config, records: Records | None) -> dict[str, Any] | None:
-        return None if records is None else _analyse(config, records)
-
-    def report(self, config: Config, analysis: dict[str, Any] | None, out: Path) -> dict:
-        return {} if analysis is None else _report(config, analysis, out)
-
-
-STUDY = ModularStudy()
+STUDY = Study(_config, _collect, _analyse, _report)
+"""The study (:class:`~..pipeline.Study`): :class:`Config` and the functions of :mod:`.config`,
+:mod:`.collect`, :mod:`.analyse` and :mod:`.report`; ``--gaps-only`` stops after training (no
+records, nothing analysed or reported)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ import dataclasses
 from quotientgeo import Measure
 from quotientgeo.sharpness import SharpnessMeasure
 
-from .training import Config
+from .training import TrainingConfig
 
 PAPER_TAU = {"adaptive": -0.68, "geodesic_inv": -0.83, "geodesic_mix": -0.86}
 MAIN = ("adaptive", "geodesic_inv", "geodesic_mix")  # the paper's rows, in the figure
@@ -39,7 +39,7 @@ class Size:
     population); ``sgd_*``: the ``sgd`` population's grid at the one scale ``sgd_alpha``;
     ``target_fraction``: ρ₁'s loss increase as a fraction of the training labels' mean square."""
 
-    data: Config = dataclasses.field(default_factory=Config)
+    data: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
     n_iter: int = 100
     n_samples: int = 100
     grid: tuple[float, ...] = GRID
@@ -54,7 +54,7 @@ class Size:
     @classmethod
     def quick(cls) -> Size:
         return cls(
-            data=Config.quick(),
+            data=TrainingConfig.quick(),
             n_iter=5,
             n_samples=10,
             grid=QUICK_GRID,
@@ -97,7 +97,7 @@ def rows(size: Size, seed: int) -> tuple[dict[str, SharpnessMeasure], dict[str, 
 
 
 @dataclasses.dataclass(frozen=True)
-class Study:
+class Config:
     """The study's settings; ``measures`` and ``ball`` are :func:`rows`."""
 
     quick: bool
@@ -118,8 +118,8 @@ class Study:
         return self.measures[row].with_rho(factor * rho1[self.ball[row]])
 
 
-def config(args: argparse.Namespace) -> Study:
-    """The study's :class:`Study` from the command line (``--quick`` sizes, overrides)."""
+def config(args: argparse.Namespace) -> Config:
+    """The study's :class:`Config` from the command line (``--quick`` sizes, overrides)."""
     size = Size.quick() if args.quick else Size()
     if args.n_models is not None:
         size = dataclasses.replace(
@@ -129,7 +129,7 @@ def config(args: argparse.Namespace) -> Study:
         size = dataclasses.replace(size, n_iter=args.n_iter)
     measures, ball = rows(size, args.seed)
     populations = POPULATIONS if args.population == "both" else (args.population,)
-    return Study(
+    return Config(
         quick=args.quick,
         seed=args.seed,
         size=size,

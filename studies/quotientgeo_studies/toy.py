@@ -18,11 +18,14 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from . import _common as C
+from .pipeline import Study, run_study
 
 METRICS = ("inv", "mix")
 
@@ -179,13 +182,25 @@ class Records:
     library: dict[str, torch.Tensor]
     formula: dict[str, torch.Tensor]
     variation: dict[str, dict[str, float]]
+    started: float
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """The records and the largest relative error of each library quantity against its closed
+    form."""
+
+    records: Records
+    agreement: dict[str, float]
 
 
 def config(args: argparse.Namespace) -> Config:
     return Config(args.quick, args.seed, args.metric, 60 if args.quick else 300)
 
 
-def collect(config: Config) -> Records:
+def collect(config: Config, population: C.Population, out: Path) -> Records:
+    """The quantities on the grid and along orbits (one process computes everything)."""
+    started = time.perf_counter()
     x, y = make_data(200, config.seed)
     axis = torch.linspace(-2.5, 2.5, config.size, dtype=torch.float64)  # even size: no zeros
     T1, T2 = torch.meshgrid(axis, axis, indexing="xy")
@@ -195,19 +210,22 @@ def collect(config: Config) -> Records:
         quantities(grid, x, y, config.metric),
         closed_form(grid, x, y, config.metric),
         {m: orbit_variation(x, y, m) for m in METRICS},
+        started,
     )
 
 
-def analyse(records: Records) -> dict[str, float]:
+def analyse(config: Config, records: Records) -> Analysis:
     """Largest relative error of each library quantity against its closed form."""
-    return {
+    agreement = {
         k: float(((records.library[k] - v).abs() / v.abs().clamp_min(1e-3)).max())
         for k, v in records.formula.items()
     }
+    return Analysis(records, agreement)
 
 
-def report(config: Config, records: Records, agreement: dict, out, started: float) -> None:
+def report(config: Config, analysis: Analysis, out: Path) -> dict[str, Any]:
     """The table, ``toy.json`` and ``toy.png``."""
+    records, agreement = analysis.records, analysis.agreement
     variation = records.variation
     rows = [
         [k, f"{variation['inv'][k]:.2e}", f"{variation['mix'][k]:.2e}", f"{agreement[k]:.1e}"]
@@ -220,29 +238,27 @@ def report(config: Config, records: Records, agreement: dict, out, started: floa
         rows,
     )
     figure(records.grid, records.library, config.metric, out / "toy.png")
-    C.write_json(
-        out / "toy.json",
-        {
-            "command": "toy",
-            "quick": config.quick,
-            "seed": config.seed,
-            "metric": config.metric,
-            "grid_size": config.size,
-            "orbit_relative_variation": variation,
-            "closed_form_max_relative_error": agreement,
-            "seconds": time.perf_counter() - started,
-        },
-    )
+    payload = {
+        "command": "toy",
+        "quick": config.quick,
+        "seed": config.seed,
+        "metric": config.metric,
+        "grid_size": config.size,
+        "orbit_relative_variation": variation,
+        "closed_form_max_relative_error": agreement,
+        "seconds": time.perf_counter() - records.started,
+    }
+    C.write_json(out / "toy.json", payload)
     print(f"wrote {out / 'toy.json'} and {out / 'toy.png'}")
+    return payload
+
+
+STUDY = Study(config, collect, analyse, report)
+"""The study (:class:`~.pipeline.Study`): :class:`Config` and this module's functions."""
 
 
 def run(args: argparse.Namespace) -> int:
     """Toy network x ↦ θ₂θ₁x (Fig. 1, App. D): Euclidean vs Riemannian gradient and Hessian.
 
     ``config`` → ``collect`` → ``analyse`` → ``report``."""
-    started = time.perf_counter()
-    out = C.out_dir(args)
-    study = config(args)
-    records = collect(study)
-    report(study, records, analyse(records), out, started)
-    return 0
+    return run_study(STUDY, args)

@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Iterable
 
 from .. import _common as C
-from .config import GEODESIC, HEADLINE_FACTOR, Study
+from .config import GEODESIC, HEADLINE_FACTOR, Config
 from .records import PopulationRecords, Records
 
 
@@ -56,29 +56,29 @@ def curvature_share(records: PopulationRecords, row: str, i: int) -> float:
     return median((s2 - s1) / s2 for s2, s1 in pairs if s2 > 0)
 
 
-def analyse_population(study: Study, records: PopulationRecords) -> PopulationAnalysis:
+def analyse_population(config: Config, records: PopulationRecords) -> PopulationAnalysis:
     """The statistics of one population (module docstring)."""
-    size, members = study.size, records.members
+    size, members = config.size, records.members
     gap = [m.gap for m in members]
     span = range(len(size.grid))
 
     def column(row: str, i: int) -> list[float]:
         return [m.values[row][i] for m in members]
 
-    kendall = {row: [C.kendall(column(row, i), gap) for i in span] for row in study.measures}
+    kendall = {row: [C.kendall(column(row, i), gap) for i in span] for row in config.measures}
     band = {
         row: [
-            C.kendall_interval(column(row, i), gap, resamples=size.resamples, seed=study.seed)
+            C.kendall_interval(column(row, i), gap, resamples=size.resamples, seed=config.seed)
             for i in span
         ]
-        for row in study.measures
+        for row in config.measures
     }
     granulated = None
     if records.axes:
         groups = [m.hyperparameters(records.axes) for m in members]
         granulated = {
             row: [C.granulated_tau(column(row, i), gap, groups, records.axes) for i in span]
-            for row in study.measures
+            for row in config.measures
         }
     rho1 = records.rho1
     return PopulationAnalysis(
@@ -86,20 +86,20 @@ def analyse_population(study: Study, records: PopulationRecords) -> PopulationAn
         gap=gap,
         gap_std=statistics.stdev(gap),
         noise=statistics.fmean(m.test_se for m in members),
-        rho_grid={row: [f * rho1[study.ball[row]] for f in size.grid] for row in study.measures},
-        tau={row: [t for t, _ in kendall[row]] for row in study.measures},
-        p_value={row: [p for _, p in kendall[row]] for row in study.measures},
+        rho_grid={row: [f * rho1[config.ball[row]] for f in size.grid] for row in config.measures},
+        tau={row: [t for t, _ in kendall[row]] for row in config.measures},
+        p_value={row: [p for _, p in kendall[row]] for row in config.measures},
         band=band,
-        median={row: [median(column(row, i)) for i in span] for row in study.measures},
+        median={row: [median(column(row, i)) for i in span] for row in config.measures},
         share={row: [curvature_share(records, row, i) for i in span] for row in GEODESIC},
         granulated=granulated,
         headline=size.grid.index(HEADLINE_FACTOR),
     )
 
 
-def analyse(study: Study, records: Records) -> Analysis:
+def analyse(config: Config, records: Records) -> Analysis:
     """Every population's statistics."""
     return Analysis(
         records,
-        {name: analyse_population(study, r) for name, r in records.populations.items()},
+        {name: analyse_population(config, r) for name, r in records.populations.items()},
     )

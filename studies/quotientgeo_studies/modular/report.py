@@ -139,7 +139,10 @@ def figures(payload: dict[str, Any], out: Path) -> list[Path]:
     return paths
 
 
-def report(config: Config, payload: dict[str, Any], out: Path) -> dict[str, Any]:
+def report(config: Config, payload: dict[str, Any] | None, out: Path) -> dict[str, Any]:
+    """The tables, ``modular.json`` and the figures; nothing after ``--gaps-only``."""
+    if payload is None:
+        return {}
     print_results(payload)
     C.write_json(out / "modular.json", payload)
     figures(payload, out)

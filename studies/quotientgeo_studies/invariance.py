@@ -28,7 +28,7 @@ from quotientgeo import Measure
 
 from . import _common as C
 from . import _vit
-from .pipeline import run_study
+from .pipeline import Study, run_study
 
 CONDITION = 100.0  # of the group elements: a strong move that float64 resolves
 
@@ -200,25 +200,8 @@ def report(config: Config, analysis: Analysis, out: Path) -> dict[str, Any]:
     return payload
 
 
-class InvarianceStudy:
-    """The study's four steps (:class:`~.pipeline.Study`)."""
-
-    name = "invariance"
-
-    def config(self, args: argparse.Namespace) -> Config:
-        return config(args)
-
-    def collect(self, config: Config, population: C.Population, out: Path) -> Records:
-        return collect(config, population, out)
-
-    def analyse(self, config: Config, records: Records) -> Analysis:
-        return analyse(config, records)
-
-    def report(self, config: Config, analysis: Analysis, out: Path) -> dict[str, Any]:
-        return report(config, analysis, out)
-
-
-STUDY = InvarianceStudy()
+STUDY = Study(config, collect, analyse, report)
+"""The study (:class:`~.pipeline.Study`): :class:`Config` and this module's functions."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

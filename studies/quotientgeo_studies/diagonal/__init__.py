@@ -36,21 +36,18 @@ default; ``--quick``: 1) or the ranks of ``torchrun --nproc_per_node N``; rank 0
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from .. import _common as C
-from ..pipeline import add_workers_argument, run_with_workers
-from .analyse import Analysis
+from ..pipeline import Study, add_workers_argument, run_with_workers
 from .analyse import analyse as _analyse
 from .collect import collect as _collect
-from .config import MAIN, MEASURES, PAPER_TAU, POPULATIONS, Study
+from .config import MAIN, MEASURES, PAPER_TAU, POPULATIONS, Config
 from .config import config as _config
 from .figures import figures
-from .records import Records
 from .report import report as _report
 from .training import (
-    Config,
     DiagonalNet,
+    TrainingConfig,
     hyperparameters,
     make_data,
     mse,
@@ -66,6 +63,7 @@ __all__ = [
     "STUDY",
     "Config",
     "DiagonalNet",
+    "TrainingConfig",
     "add_arguments",
     "figures",
     "hyperparameters",
@@ -78,25 +76,9 @@ __all__ = [
 ]
 
 
-class DiagonalStudy:
-    """The study's four steps (:class:`~..pipeline.Study`)."""
-
-    name = "diagonal"
-
-    def config(self, args: argparse.Namespace) -> Study:
-        return _config(args)
-
-    def collect(self, config: Study, population: C.Population, out: Path) -> Records:
-        return _collect(config, population)
-
-    def analyse(self, config: Study, records: Records) -> Analysis:
-        return _analyse(config, records)
-
-    def report(self, config: Study, analysis: Analysis, out: Path) -> dict:
-        return _report(config, analysis, out)
-
-
-STUDY = DiagonalStudy()
+STUDY = Study(_config, _collect, _analyse, _report)
+"""The study (:class:`~..pipeline.Study`): :class:`Config` and the functions of :mod:`.config`,
+:mod:`.collect`, :mod:`.analyse` and :mod:`.report`."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

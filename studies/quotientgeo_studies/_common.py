@@ -60,7 +60,7 @@ def out_dir(args: argparse.Namespace) -> Path:
 def progress(iterable, *, args: argparse.Namespace, desc: str, total: int | None = None):
     """A tqdm bar over ``iterable`` that ``--no-progress`` silences (and that is off where the
     output is not a terminal)."""
-    from ..progress import progress_bar
+    from quotientgeo.progress import progress_bar
 
     return progress_bar(iterable, desc=desc, total=total, enabled=not args.no_progress, leave=True)
 
@@ -68,7 +68,7 @@ def progress(iterable, *, args: argparse.Namespace, desc: str, total: int | None
 def counter(desc: str, total: int, *, enabled: bool):
     """A tqdm bar of ``total`` steps to ``update`` by hand (for :meth:`Population.map`), off
     when not ``enabled`` and where the output is not a terminal."""
-    from ..progress import progress_bar
+    from quotientgeo.progress import progress_bar
 
     return progress_bar(None, desc=desc, total=total, enabled=enabled, leave=True)
 

@@ -1,25 +1,30 @@
 """A study as a pipeline: a config, then ``collect()``, then ``analyse()``, then ``report()``.
 
-- ``config(args)``: everything that decides the result (sizes, seeds, grids, the measures as
-  :class:`~quotientgeo.Measure` values), a frozen dataclass built from the command line;
-- ``collect(config, population)``: the expensive part, typed records (dataclasses), one per
-  member (model, radius, ...), split over the ranks of a ``torchrun`` launch by the
-  :class:`~._common.Population` and cached on disk where training is involved;
+A study is one config and three functions, bundled in a :class:`Study` value (no class of its
+own): each ``quotientgeo reproduce NAME`` module defines
+
+- ``Config``, a frozen dataclass of everything that decides the result (sizes, seeds, grids,
+  the measures as :class:`~quotientgeo.Measure` values), and ``config(args)``, which builds it
+  from the command line;
+- ``collect(config, population, out)``: the expensive part, typed records (dataclasses), one
+  per member (model, radius, ...), split over the ranks of a ``torchrun`` launch by the
+  :class:`~._common.Population` and cached under ``out`` where training is involved;
 - ``analyse(config, records)``: statistics only (Kendall τ, bands, ratios), no training and no
   measuring, so it can be re-run on saved records;
 - ``report(config, analysis, out)``: the printed table, the JSON (its fields are the study's
   public output) and the figures. Only rank 0 reports.
 
-:func:`run_study` chains them; each ``quotientgeo reproduce NAME`` module defines a
-:class:`Study` and its ``run(args)`` is ``run_study(STUDY, args)``.
+and ``STUDY = Study(config, collect, analyse, report)``; its ``run(args)`` is
+``run_study(STUDY, args)`` (or :func:`run_with_workers`).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from . import _common as C
 
@@ -30,18 +35,14 @@ Records = TypeVar("Records")
 Analysis = TypeVar("Analysis")
 
 
-class Study(Protocol, Generic[Config, Records, Analysis]):
-    """The four steps of a study (module docstring)."""
+@dataclass(frozen=True)
+class Study(Generic[Config, Records, Analysis]):
+    """A study's config and three steps (module docstring): plain functions of its module."""
 
-    name: str
-
-    def config(self, args: argparse.Namespace) -> Config: ...
-
-    def collect(self, config: Config, population: C.Population, out: Path) -> Records: ...
-
-    def analyse(self, config: Config, records: Records) -> Analysis: ...
-
-    def report(self, config: Config, analysis: Analysis, out: Path) -> dict[str, Any]: ...
+    config: Callable[[argparse.Namespace], Config]
+    collect: Callable[[Config, C.Population, Path], Records]
+    analyse: Callable[[Config, Records], Analysis]
+    report: Callable[[Config, Analysis, Path], dict[str, Any]]
 
 
 def run_study(study: Study[Any, Any, Any], args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import _common as C
 from .analyse import Analysis, PopulationAnalysis
-from .config import PAPER_TAU, Study
+from .config import PAPER_TAU, Config
 from .figures import figures, key
 
 DESIGN = {
@@ -43,9 +43,9 @@ def _none(x):
     return None if x is None else C.finite_or_none(x)
 
 
-def print_population(study: Study, a: PopulationAnalysis) -> None:
+def print_population(config: Config, a: PopulationAnalysis) -> None:
     """The gap spread line, the τ(ρ) table with bands, p-values and the granulated τ."""
-    r, grid = a.records, study.size.grid
+    r, grid = a.records, config.size.grid
     print(
         f"\npopulation {r.name}: {len(r.members)} networks ({r.n_converged}/{r.n_models} reached "
         f"the training loss target); gap from {min(a.gap):.3g} to {max(a.gap):.3g}, std "
@@ -59,13 +59,13 @@ def print_population(study: Study, a: PopulationAnalysis) -> None:
         [
             [
                 row,
-                f"{r.rho1[study.ball[row]]:.3g}",
+                f"{r.rho1[config.ball[row]]:.3g}",
                 *(
                     f"{a.tau[row][i]:+.2f} [{a.band[row][i][0]:+.2f}, {a.band[row][i][1]:+.2f}]"
                     for i in range(len(grid))
                 ),
             ]
-            for row in study.measures
+            for row in config.measures
         ],
     )
     C.print_table(
@@ -80,7 +80,7 @@ def print_population(study: Study, a: PopulationAnalysis) -> None:
                     for i in range(len(grid))
                 ),
             ]
-            for row in study.measures
+            for row in config.measures
         ],
     )
     if a.granulated is None:
@@ -93,16 +93,16 @@ def print_population(study: Study, a: PopulationAnalysis) -> None:
             ["measure", *r.axes, "Ψ"],
             [
                 [row, *(a.granulated[row][h][axis] for axis in (*r.axes, "psi"))]
-                for row in study.measures
+                for row in config.measures
             ],
         )
     if r.failures:
         print(f"{len(r.failures)} measurement(s) failed (NaN, left out); first: {r.failures[0]}")
 
 
-def population_payload(study: Study, a: PopulationAnalysis) -> dict[str, Any]:
+def population_payload(config: Config, a: PopulationAnalysis) -> dict[str, Any]:
     """One population's part of ``diagonal.json``."""
-    r, h, rows = a.records, a.headline, study.measures
+    r, h, rows = a.records, a.headline, config.measures
 
     def by_rho(row: str, series) -> dict[str, Any]:
         return {key(rho): _none(v) for rho, v in zip(a.rho_grid[row], series, strict=True)}
@@ -129,7 +129,7 @@ def population_payload(study: Study, a: PopulationAnalysis) -> dict[str, Any]:
         "reference_member": r.reference,
         "target_loss_increase": r.target,
         "calibration": {row: dataclasses.asdict(c) for row, c in r.calibration.items()},
-        "grid_factors": list(study.size.grid),
+        "grid_factors": list(config.size.grid),
         "rho_grid": a.rho_grid,
         "gap_std": a.gap_std,
         "noise_scale": a.noise,
@@ -153,15 +153,15 @@ def population_payload(study: Study, a: PopulationAnalysis) -> dict[str, Any]:
     }
 
 
-def payload(study: Study, analysis: Analysis) -> dict[str, Any]:
+def payload(config: Config, analysis: Analysis) -> dict[str, Any]:
     """``diagonal.json`` (its fields: ``docs/reproductions.md``)."""
     records, pops = analysis.records, analysis.populations
-    parts = {name: population_payload(study, a) for name, a in pops.items()}
-    size = study.size
+    parts = {name: population_payload(config, a) for name, a in pops.items()}
+    size = config.size
     return {
         "command": "diagonal",
-        "quick": study.quick,
-        "seed": study.seed,
+        "quick": config.quick,
+        "seed": config.seed,
         "ranks": records.ranks,
         "config": dataclasses.asdict(size),
         "radius_rule": RADIUS_RULE,
@@ -169,9 +169,9 @@ def payload(study: Study, analysis: Analysis) -> dict[str, Any]:
         # each row's settings but its radius (rho_grid of each population)
         "measures": {
             row: {k: v for k, v in m.settings().items() if k != "rho"}
-            for row, m in study.measures.items()
+            for row, m in config.measures.items()
         },
-        "ball": study.ball,
+        "ball": config.ball,
         "kendall_tau": {name: p["kendall_tau"] for name, p in parts.items()},
         "p_value": {name: p["p_value"] for name, p in parts.items()},
         "gap_spread_over_noise": {name: p["gap_spread_over_noise"] for name, p in parts.items()},
@@ -181,13 +181,13 @@ def payload(study: Study, analysis: Analysis) -> dict[str, Any]:
     }
 
 
-def report(study: Study, analysis: Analysis, out: Path) -> dict[str, Any]:
+def report(config: Config, analysis: Analysis, out: Path) -> dict[str, Any]:
     """Print every population's tables, write ``diagonal.json``, ``diagonal.png`` and
     ``diagonal_tau_by_rho.png``; returns the JSON payload."""
     for a in analysis.populations.values():
-        print_population(study, a)
+        print_population(config, a)
     print("paper (Table 1, row 1): " + ", ".join(f"{k} {v:+.2f}" for k, v in PAPER_TAU.items()))
-    data = payload(study, analysis)
+    data = payload(config, analysis)
     C.write_json(out / "diagonal.json", data)
     figures(data, out)
     print(

@@ -4,8 +4,8 @@ Every method steps the same AdamW on a ``layers``-layer transformer classifier
 (:class:`~quotientgeo.testing.TinyTransformerClassifier`, width ``d``, ``heads`` heads) with
 one batch of ``batch × seq`` random inputs; a SAM-type step is two forward and backward passes
 plus :class:`~quotientgeo.optim.GeodesicSAM`'s two steps. Contenders are timed by
-:func:`.timing.interleaved` (``steps`` training steps per contender and round); ratios to SAM
-are medians of the per-round ratios.
+:func:`quotientgeo.bench.timing.interleaved` (``steps`` training steps per contender and
+round); ratios to SAM are medians of the per-round ratios.
 
 The steps (:data:`~quotientgeo.optim.training.METHODS`, ``make_optimizer``,
 ``train_step``) are those ``quotientgeo reproduce sam`` trains with, from
@@ -20,10 +20,10 @@ import statistics
 
 import torch
 
-from ..optim.training import METHODS, make_optimizer, train_step
-from ..testing import TinyTransformerClassifier
-from .options import add_model_arguments, run_config
-from .timing import interleaved, median_ratio
+from quotientgeo.bench.options import add_model_arguments, run_config
+from quotientgeo.bench.timing import interleaved, median_ratio
+from quotientgeo.optim.training import METHODS, make_optimizer, train_step
+from quotientgeo.testing import TinyTransformerClassifier
 
 
 def step_times(build, x, y, rho: dict[str, float], *, rounds: int, steps: int = 5, **adamw):

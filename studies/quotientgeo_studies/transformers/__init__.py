@@ -45,41 +45,21 @@ the ranks of ``torchrun --nproc_per_node N``; rank 0 writes ``transformers.json`
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from .. import _common as C
-from ..pipeline import add_workers_argument, run_with_workers
-from .analyse import Analysis
+from ..pipeline import Study, add_workers_argument, run_with_workers
 from .analyse import analyse as _analyse
 from .collect import collect as _collect
 from .config import POPULATIONS, Config
 from .config import config as _config
 from .figures import figures
-from .records import Records
 from .report import report as _report
 
-__all__ = ["STUDY", "add_arguments", "figures", "run"]
+__all__ = ["STUDY", "Config", "add_arguments", "figures", "run"]
 
-
-class TransformersStudy:
-    """The study's four steps (:class:`~..pipeline.Study`)."""
-
-    name = "transformers"
-
-    def config(self, args: argparse.Namespace) -> Config:
-        return _config(args)
-
-    def collect(self, config: Config, population: C.Population, out: Path) -> Records:
-        return _collect(config, population, out)
-
-    def analyse(self, config: Config, records: Records) -> Analysis:
-        return _analyse(config, records)
-
-    def report(self, config: Config, analysis: Analysis, out: Path) -> dict:
-        return _report(config, analysis, out)
-
-
-STUDY = TransformersStudy()
+STUDY = Study(_config, _collect, _analyse, _report)
+"""The study (:class:`~..pipeline.Study`): :class:`Config` and the functions of :mod:`.config`,
+:mod:`.collect`, :mod:`.analyse` and :mod:`.report`."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

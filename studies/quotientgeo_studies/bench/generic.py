@@ -4,7 +4,7 @@ For ``GLQuotient`` (inv and mix) at the paper's size (144 heads, ``n = m = 769``
 float32): ``proju`` with a fresh and with a cached point, and ``christoffel`` through
 ``m.generic()`` (conjugate gradients for ``M⁻¹``) and ``m.generic(metric_inv=True)`` (the
 closed-form ``M⁻¹``). Reports seconds, the generic/closed ratio and the relative difference.
-All timings come from :func:`.timing.interleaved`.
+All timings come from :func:`quotientgeo.bench.timing.interleaved`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import platform
 
 import torch
 
-from ..manifolds import GLQuotient
-from .timing import interleaved, median_ratio, medians
+from quotientgeo.bench.timing import interleaved, median_ratio, medians
+from quotientgeo.manifolds import GLQuotient
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 

@@ -14,8 +14,11 @@ from .collect import Records, gap_spread
 from .config import AXES, FIXED_FACTOR, GEODESIC, SWEPT, Config
 
 
-def analyse(config: Config, records: Records) -> dict[str, Any]:
-    """Every statistic of the report, as the JSON payload's fields."""
+def analyse(config: Config, records: Records | None) -> dict[str, Any] | None:
+    """Every statistic of the report, as the JSON payload's fields; None after ``--gaps-only``
+    (no records)."""
+    if records is None:
+        return None
     size, gap = config.size, [m["gap"] for m in records.metrics]
     members = [
         {"fraction": r.fraction, "weight_decay": r.weight_decay, "seed": r.seed}

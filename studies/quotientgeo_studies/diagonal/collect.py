@@ -5,6 +5,7 @@ measure every member at every radius of the grid (members split over the ranks).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 
@@ -13,7 +14,7 @@ from quotientgeo.manifolds import DEFAULT_METRIC
 from quotientgeo.sharpness import SharpnessMeasure
 
 from .. import _common as C
-from .config import CALIBRATED_BY, GEODESIC, Study
+from .config import CALIBRATED_BY, GEODESIC, Config
 from .records import Calibrated, Member, PopulationRecords, Records
 from .training import DiagonalNet, hyperparameters, make_data, mse, rescale_geometry, sgd_grid
 from .training import train_population as _train
@@ -29,31 +30,31 @@ def bound(measure: SharpnessMeasure, model: DiagonalNet) -> SharpnessMeasure:
     return measure.replace(symmetries=rescale_geometry(model, metric))
 
 
-def design(name: str, study: Study) -> dict[str, torch.Tensor]:
+def design(name: str, config: Config) -> dict[str, torch.Tensor]:
     """The population's hyperparameters, member by member (``seed``: batch-order seed index):
     ``init`` draws them (:func:`~.training.hyperparameters`), ``sgd`` is a grid at one ``α``."""
-    size, data = study.size, study.size.data
+    size, data = config.size, config.size.data
     if name == "init":
-        hp = hyperparameters(data.n_models, data.n, study.seed)
+        hp = hyperparameters(data.n_models, data.n, config.seed)
         return {**hp, "seed": torch.zeros(data.n_models, dtype=torch.long)}
     return sgd_grid(size.sgd_alpha, size.sgd_lr, size.sgd_batch, size.sgd_seeds)
 
 
-def train(name: str, hp: dict, data: dict, study: Study, show: bool) -> dict[str, torch.Tensor]:
+def train(name: str, hp: dict, data: dict, config: Config, show: bool) -> dict[str, torch.Tensor]:
     """Every member trained, in member order; the members of batch-order seed ``s`` train
-    together with seed ``study.seed + 1000·s`` (``s = 0``: the first design's seed)."""
+    together with seed ``config.seed + 1000·s`` (``s = 0``: the first design's seed)."""
     parts, order = [], []
     for s in sorted(set(hp["seed"].tolist())):
         idx = (hp["seed"] == s).nonzero().flatten()
         sub = {k: v[idx] for k, v in hp.items() if k != "seed"}
         with C.counter(f"training {name} (seed {s}, converged)", len(idx), enabled=show) as bar:
-            parts.append(_train(data, sub, study.size.data, study.seed + 1000 * s, bar))
+            parts.append(_train(data, sub, config.size.data, config.seed + 1000 * s, bar))
         order.append(idx)
     inverse = torch.cat(order).argsort()
     return {k: torch.cat([p[k] for p in parts])[inverse] for k in parts[0]}
 
 
-def calibrate(model: DiagonalNet, batches, study: Study, row: str, target: float) -> Calibrated:
+def calibrate(model: DiagonalNet, batches, config: Config, row: str, target: float) -> Calibrated:
     """``ρ₁`` of ``row``'s ball: where ``model``'s value of ``CALIBRATED_BY`` the ball's row (by
     default the row itself) is ``target``."""
     cal = calibrate_rho(
@@ -61,25 +62,25 @@ def calibrate(model: DiagonalNet, batches, study: Study, row: str, target: float
         mse,
         batches,
         target=target,
-        measure=bound(study.measures[CALIBRATED_BY.get(row, row)], model),
+        measure=bound(config.measures[CALIBRATED_BY.get(row, row)], model),
         low=0.01,
         high=1.0,
-        rtol=study.size.calibration_rtol,
+        rtol=config.size.calibration_rtol,
         progress=False,
         distributed="off",
     )
     return Calibrated(cal.rho, cal.value, len(cal.evaluations))
 
 
-def measure_member(model: DiagonalNet, batches, study: Study, rho1: dict[str, float]):
+def measure_member(model: DiagonalNet, batches, config: Config, rho1: dict[str, float]):
     """``(values, first_order, failures)`` of ``model``: every row at every grid factor; a
     measurement that raises ``ValueError`` is NaN and a failure."""
-    values: dict[str, list[float]] = {row: [] for row in study.measures}
+    values: dict[str, list[float]] = {row: [] for row in config.measures}
     first: dict[str, list[float]] = {row: [] for row in GEODESIC}
     failures = []
-    for row in study.measures:
-        for f in study.size.grid:
-            m = bound(study.measure(row, f, rho1), model)
+    for row in config.measures:
+        for f in config.size.grid:
+            m = bound(config.measure(row, f, rho1), model)
             try:
                 result = m.evaluate(model, mse, batches, progress=False, distributed="off")
                 value, first_order = result.value, result.first_order_value
@@ -93,13 +94,13 @@ def measure_member(model: DiagonalNet, batches, study: Study, rho1: dict[str, fl
 
 
 def collect_population(
-    name: str, study: Study, population: C.Population, data: dict
+    name: str, config: Config, population: C.Population, data: dict
 ) -> PopulationRecords:
     """Train, calibrate and measure population ``name`` (module docstring)."""
     seconds, tick = {}, time.perf_counter()
-    show = study.progress and population.is_reporter
-    hp = design(name, study)
-    trained = train(name, hp, data, study, show)
+    show = config.progress and population.is_reporter
+    hp = design(name, config)
+    trained = train(name, hp, data, config, show)
     seconds["training"] = time.perf_counter() - tick
     finite = torch.isfinite(trained["test_loss"]) & torch.isfinite(trained["train_loss"])
     keep = finite.nonzero().flatten().tolist()
@@ -110,13 +111,13 @@ def collect_population(
     models = [DiagonalNet(trained["u"][k], trained["v"][k]) for k in keep]
     batches = [(data["X"], data["y"])]
     reference = len(keep) // 2
-    target = study.size.target_fraction * float(data["y"].square().mean())
+    target = config.size.target_fraction * float(data["y"].square().mean())
 
     tick = time.perf_counter()
-    balls = study.calibrated
+    balls = config.calibrated
     with C.counter(f"calibrating ρ₁ ({name})", len(population.mine(len(balls))), enabled=show) as b:
         found = population.map(
-            lambda row: calibrate(models[reference], batches, study, row, target), balls, bar=b
+            lambda row: calibrate(models[reference], batches, config, row, target), balls, bar=b
         )
     calibration = dict(zip(balls, found, strict=True))
     rho1 = {row: c.rho for row, c in calibration.items()}
@@ -126,7 +127,7 @@ def collect_population(
     share = len(population.mine(len(models)))
     with C.counter(f"τ(ρ) grid ({name}, models)", share, enabled=show) as b:
         measured = population.map(
-            lambda model: measure_member(model, batches, study, rho1), models, bar=b
+            lambda model: measure_member(model, batches, config, rho1), models, bar=b
         )
     seconds["grid"] = time.perf_counter() - tick
     members = [
@@ -149,7 +150,7 @@ def collect_population(
         axes=AXES[name],
         members=members,
         n_models=len(finite),
-        n_converged=int((trained["train_loss"] < study.size.data.target_loss).sum()),
+        n_converged=int((trained["train_loss"] < config.size.data.target_loss).sum()),
         reference=reference,
         target=target,
         calibration=calibration,
@@ -158,12 +159,13 @@ def collect_population(
     )
 
 
-def collect(study: Study, population: C.Population) -> Records:
-    """Every population of ``study``, in order, split over ``population``'s ranks."""
+def collect(config: Config, population: C.Population, out: Path) -> Records:
+    """Every population of ``config``, in order, split over ``population``'s ranks (nothing is
+    cached under ``out``: training takes seconds)."""
     started = time.perf_counter()
-    data = make_data(study.size.data, study.seed)
+    data = make_data(config.size.data, config.seed)
     with C.threads(1):
         records = {
-            name: collect_population(name, study, population, data) for name in study.populations
+            name: collect_population(name, config, population, data) for name in config.populations
         }
     return Records(records, population.world, started)

@@ -4,7 +4,7 @@ Contenders: a per-head loop of Gram matrices and ``scipy.linalg.solve_sylvester`
 writes without this library) against the batched ``GLQuotient`` projections, inv and mix, with
 a fresh and with a cached base point (``m.at(x)``), and the mix projection of the rotary
 subgroup (``RotaryGLQuotient``, closed form). ``--pieces`` also times every step of the
-inv projection from scratch. All timings come from :func:`.timing.interleaved`.
+inv projection from scratch. All timings come from :func:`quotientgeo.bench.timing.interleaved`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..linalg import cholesky, gram, mT, solve_sylvester, sylvester_basis
-from ..manifolds import GLQuotient, RotaryGLQuotient
-from .timing import interleaved, median_ratio, medians
+from quotientgeo.bench.timing import interleaved, median_ratio, medians
+from quotientgeo.linalg import cholesky, gram, mT, solve_sylvester, sylvester_basis
+from quotientgeo.manifolds import GLQuotient, RotaryGLQuotient
 
 
 def allocator_setting() -> str:

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from quotientgeo import Measure
-from quotientgeo.experiments import _finetune
-from quotientgeo.experiments.transformers import collect, config, records, report
-from quotientgeo.experiments.transformers.analyse import analyse
+from quotientgeo_studies import _finetune
+from quotientgeo_studies.transformers import collect, config, records, report
+from quotientgeo_studies.transformers.analyse import analyse
 
 pytest.importorskip("scipy")
 
