@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from quotientgeo import GLQuotient, RotaryGLQuotient
 from quotientgeo.linalg import mT
+from quotientgeo.manifolds import GLTotalSpace
 from quotientgeo.manifolds.gl.inv import inv_geodesic
 from quotientgeo.manifolds.ode import rtol_for, steps_for
 from quotientgeo.testing.numerics import conditioned, gen, rel_err, tol
@@ -27,8 +28,8 @@ def scaled(m, x, u, size):
 
 
 def integrated(m, x, u, t=1.0, steps=1000):
-    """The span-reduced RK4 integration of the GL base class, whatever ``m``'s own path is."""
-    return GLQuotient.geodesic(m, x, u, t, steps=steps)
+    """The span-reduced RK4 integration of the GL total space, whatever ``m``'s own path is."""
+    return GLTotalSpace.geodesic(m.total, x, u, t, steps=steps)
 
 
 def displacement_err(y, ref, x):

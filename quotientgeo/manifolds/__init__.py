@@ -1,7 +1,7 @@
 """Quotient manifolds: the generic base and the shipped symmetries."""
 
 from .adaptive import AdaptiveGeometry
-from .base import AtPoint, QuotientManifold
+from .base import DEFAULT_METRIC, AtPoint, QuotientManifold
 from .euclidean import EuclideanGeometry
 from .gl import (
     GLGroup,
@@ -17,11 +17,18 @@ from .gl import (
     RotaryGroup,
 )
 from .groups import DEFAULT_CONDITION, Group
-from .product import ProductQuotient
-from .quotient import GenericPath, GroupAction, Quotient
-from .rescale import RescaleInvQuotient, RescaleMixQuotient, RescaleQuotient
-from .scale import ScaleQuotient
-from .variants import DEFAULT_METRIC, MetricVariants
+from .product import ProductGroup, ProductQuotient, ProductTotalSpace
+from .quotient import GenericPath, Quotient, TotalSpace
+from .rescale import (
+    RescaleGroup,
+    RescaleInvQuotient,
+    RescaleInvTotalSpace,
+    RescaleMixQuotient,
+    RescaleMixTotalSpace,
+    RescaleQuotient,
+    RescaleTotalSpace,
+)
+from .scale import ScaleGroup, ScaleQuotient, ScaleTotalSpace
 
 __all__ = [
     "DEFAULT_CONDITION",
@@ -36,19 +43,26 @@ __all__ = [
     "GLTotalSpace",
     "GenericPath",
     "Group",
-    "GroupAction",
     "InterpolatedGLQuotient",
     "InterpolatedTotalSpace",
     "InvTotalSpace",
-    "MetricVariants",
     "MixTotalSpace",
+    "ProductGroup",
     "ProductQuotient",
+    "ProductTotalSpace",
     "Quotient",
     "QuotientManifold",
+    "RescaleGroup",
     "RescaleInvQuotient",
+    "RescaleInvTotalSpace",
     "RescaleMixQuotient",
+    "RescaleMixTotalSpace",
     "RescaleQuotient",
+    "RescaleTotalSpace",
     "RotaryGLQuotient",
     "RotaryGroup",
+    "ScaleGroup",
     "ScaleQuotient",
+    "ScaleTotalSpace",
+    "TotalSpace",
 ]

@@ -51,9 +51,9 @@ with warnings.catch_warnings():
     )
     from geoopt.manifolds.base import Manifold
 
-from ..linalg import cholesky, conjugate_gradient, log_uniform
-from ..validation import positive_int
-from .groups import DEFAULT_CONDITION, check_condition
+from ..linalg import cholesky, conjugate_gradient
+from ..validation import is_real, positive_int
+from .groups import DEFAULT_CONDITION, random_exp
 from .ode import rk4, steps_for
 
 if TYPE_CHECKING:
@@ -62,7 +62,41 @@ if TYPE_CHECKING:
 Tensor = torch.Tensor
 T = TypeVar("T")
 
-__all__ = ["AtPoint", "QuotientManifold"]
+#: The metric of every shipped quotient whose metric is a choice (GL pairs, their rotary
+#: subgroup, re-scaling pairs) when none is named, in the manifolds, in
+#: :meth:`~quotientgeo.ParameterGeometry.add_gl_pair` and in
+#: :func:`~quotientgeo.find_symmetries`.
+DEFAULT_METRIC = "mix"
+
+__all__ = ["DEFAULT_METRIC", "AtPoint", "QuotientManifold", "metric_variant"]
+
+
+def metric_variant(
+    cls: type, family: type, metric: str | float | None, variants: dict[str | type, type]
+) -> type:
+    """The class that ``cls(..., metric)`` constructs, for a ``family`` with one class per metric.
+
+    ``variants`` maps each metric's name (and ``float``, for a real interpolation weight) to its
+    class. ``family`` itself gives way to the class of ``metric`` (``DEFAULT_METRIC`` when
+    ``None``), as geoopt's ``Stiefel(canonical=...)`` does; a class below it stays, and must be
+    the class of ``metric`` where one is named.
+    """
+    key = DEFAULT_METRIC if metric is None else metric
+    found = variants.get(key) if isinstance(key, str) else None
+    if found is None and is_real(key):
+        found = variants.get(float)
+    if found is None:
+        names = [repr(name) for name in sorted(k for k in variants if isinstance(k, str))]
+        names += ["a number s in [0, 1]"] if float in variants else []
+        message = f"metric must be {', '.join(names[:-1])} or {names[-1]}, got {metric!r}"
+        if is_real(key):
+            message += ": the interpolated metric s is defined for GL pairs only"
+        raise ValueError(message)
+    if cls is family:
+        return found
+    if metric is not None and not issubclass(cls, found):
+        raise ValueError(f"{cls.__name__} does not have the metric {metric!r}")
+    return cls
 
 
 class AtPoint:
@@ -195,23 +229,21 @@ class QuotientManifold(Manifold):
         a rescaled ``ω`` stays in any subspace the Gaussian lies in). Otherwise (scalings)
         ``exp`` is element-wise and each entry of ``ω`` is uniform in
         ``[-½ log c, ½ log c]``: factors log-uniform in ``[c^{-1/2}, c^{1/2}]``, any two
-        within a factor ``c = condition`` of each other. ``scale > 0`` keeps ``g`` in the
-        identity component. Override where :meth:`act` takes its group elements in another
-        form.
+        within a factor ``c = condition`` of each other (:func:`~.groups.random_exp`).
+        ``scale > 0`` keeps ``g`` in the identity component. Override where :meth:`act` takes
+        its group elements in another form.
         """
-        condition = check_condition(condition)
         p = self.at(x)
-        lie = self.lie_shape(p)
         batch = p.x.shape[: p.x.dim() - self.ndim]
-        kw = {"generator": generator, "dtype": p.x.dtype, "device": p.x.device}
-        half = 0.5 * math.log(condition)
-        if len(lie) == 2 and lie[0] == lie[1]:
-            omega = torch.randn((*batch, *lie), **kw)
-            norm = torch.linalg.matrix_norm(omega, ord=2, keepdim=True)
-            radius = half * torch.rand((*batch, 1, 1), **kw)
-            omega = omega * (radius / norm.clamp_min(torch.finfo(omega.dtype).tiny))
-            return torch.linalg.matrix_exp(omega).mul_(scale)
-        return log_uniform(*batch, *lie, condition=condition, **kw).mul_(scale)
+        return random_exp(
+            self.lie_shape(p),
+            batch,
+            generator=generator,
+            dtype=p.x.dtype,
+            device=p.x.device,
+            scale=scale,
+            condition=condition,
+        )
 
     def group_name(self, shape: tuple[int, ...]) -> str:
         """Readable name of the symmetry group acting on points of ``shape`` (for summaries)."""

@@ -1,9 +1,9 @@
-"""Quotients composed from parts: a group's primitives, a total space and a group, the generic path.
+"""Quotients composed from parts: a total space with a metric, a group acting on it.
 
-- :class:`GroupAction`: a quotient whose Lie-algebra primitives are those of a
-  :class:`~quotientgeo.manifolds.Group`, the metric its own;
+- :class:`TotalSpace`: a space with a metric and no group (the trivial group acts);
 - :class:`Quotient`: ``total / group``, the metric and geodesics of a total space and the
-  primitives of a group (as geomstats' fiber bundles compose them);
+  Lie-algebra primitives of a :class:`~quotientgeo.manifolds.Group` (as geomstats' fiber
+  bundles compose them). Every shipped quotient is one;
 - :class:`GenericPath`: a quotient recomputed through the derivations of
   :class:`~quotientgeo.QuotientManifold` (what :meth:`~quotientgeo.QuotientManifold.generic`
   returns), to test closed forms against.
@@ -20,74 +20,43 @@ from .groups import DEFAULT_CONDITION, Group, random_element
 
 Tensor = torch.Tensor
 
-__all__ = ["GenericPath", "GroupAction", "Quotient"]
+__all__ = ["GenericPath", "Quotient", "TotalSpace"]
 
 
-class GroupAction(QuotientManifold):
-    """A quotient whose group primitives are those of a :class:`Group`, :attr:`group`.
+class TotalSpace(QuotientManifold):
+    """A space with a metric on which no group acts: the total space of a :class:`Quotient`.
 
-    ``lie_shape``, ``vertical``, ``precondition``, ``act``, ``push``, ``random_group`` and
-    ``group_name`` are the group's; the metric is this manifold's own (a subclass, or
-    :class:`Quotient` from a separate total space). The group is set by :meth:`set_group` and
-    held outside the module tree (it may itself be a manifold that is registered elsewhere).
+    A subclass gives the metric (``metric`` and whatever closed forms it has); the Lie algebra
+    is empty, so every vector is horizontal and the space is its own (trivial) quotient.
     """
 
-    _group: tuple[Group]
-
-    @property
-    def group(self) -> Group:
-        """The group acting on the total space."""
-        return self._group[0]
-
-    def set_group(self, group: Group) -> None:
-        self._group = (group,)
-
     def lie_shape(self, p: AtPoint) -> tuple[int, ...]:
-        return self._group[0].lie_shape(p)
+        """``(0,)``: the trivial group."""
+        return (0,)
 
     def vertical(self, p: AtPoint, omega: Tensor) -> Tensor:
-        return self._group[0].vertical(p, omega)
-
-    def precondition(self, p: AtPoint, r: Tensor) -> Tensor:
-        return self._group[0].precondition(p, r)
-
-    def act(self, x: Tensor, g: Tensor) -> Tensor:
-        return self._group[0].act(x, g)
-
-    def push(self, x: Tensor, u: Tensor, g: Tensor) -> Tensor:
-        return self._group[0].push(x, u, g)
-
-    def random_group(
-        self,
-        x: Tensor | AtPoint,
-        *,
-        generator: torch.Generator | None = None,
-        scale: float = 1.0,
-        condition: float = DEFAULT_CONDITION,
-    ) -> Tensor:
-        x = x.x if isinstance(x, AtPoint) else x
-        return random_element(
-            self._group[0], x, generator=generator, scale=scale, condition=condition
-        )
-
-    def group_name(self, shape: tuple[int, ...]) -> str:
-        return self._group[0].group_name(shape)
+        """The only vertical vector of the trivial group, zero."""
+        event = p.x.shape[p.x.dim() - self.ndim :]
+        batch = torch.broadcast_shapes(p.x.shape[: p.x.dim() - self.ndim], omega.shape[:-1])
+        return p.x.new_zeros(*batch, *event)
 
 
-class Quotient(GroupAction):
+class Quotient(QuotientManifold):
     """The quotient of a total space by a group: ``total / group``.
 
     The total space (a :class:`QuotientManifold`, used only for what does not involve the
     group) gives the metric, its inverse, the isotropic map, ``inner``, the Christoffel symbols,
-    the exponential maps and geodesics (with :attr:`closed_form_geodesic`), the points (shape,
-    rank and freeness checks, ``random``, ``origin``) and the point cache: :meth:`at` returns the
-    total space's :class:`AtPoint`, so a quotient and its total space (and every quotient of
-    the same total space object) fill one cache per point. The :class:`Group` gives the
-    Lie-algebra primitives (:class:`GroupAction`). The projection, the Riemannian gradient,
-    random tangents and the transport are derived by the base class from the two (normal
-    equations of the group's vertical space in the total space's metric), unless a subclass
-    has a closed form. Geodesics of the total space that start horizontal stay horizontal, so
-    they are the quotient's geodesics.
+    the exponential maps and geodesics (with :attr:`closed_form_geodesic`), the metric's name,
+    the points (shape, rank and freeness checks, ``random``, ``origin``) and the point cache:
+    :meth:`at` returns the total space's :class:`AtPoint`, so a quotient and its total space
+    (and every quotient of the same total space object) fill one cache per point. The
+    :class:`Group` gives ``lie_shape``, ``vertical``, ``precondition``, ``act``, ``push``,
+    ``random_group`` and ``group_name``. The projection, the Riemannian gradient, random
+    tangents and the transport are derived by the base class from the two (normal equations of
+    the group's vertical space in the total space's metric), unless a subclass has a closed
+    form. Geodesics of the total space that start horizontal stay horizontal, so they are the
+    quotient's geodesics. Both parts are held outside the module tree (:attr:`total`,
+    :attr:`group`).
 
     Args:
         total: the total space.
@@ -95,8 +64,6 @@ class Quotient(GroupAction):
         exp_steps: as for :class:`QuotientManifold`.
         dense_max: as for :class:`QuotientManifold`.
     """
-
-    _total: tuple[QuotientManifold]
 
     def __init__(
         self,
@@ -107,37 +74,79 @@ class Quotient(GroupAction):
         dense_max: int = 64,
     ):
         super().__init__(exp_steps=exp_steps, dense_max=dense_max)
-        self._total = (total,)  # outside the module tree: a subclass registers it if it wants
-        self.set_group(group)
+        self._parts: tuple[QuotientManifold, Group] = (total, group)
         if total.ndim != self.ndim:
             self.ndim = total.ndim
 
     @property
     def total(self) -> QuotientManifold:
         """The total space."""
-        return self._total[0]
+        return self._parts[0]
+
+    @property
+    def group(self) -> Group:
+        """The group acting on the total space."""
+        return self._parts[1]
 
     @property
     def closed_form_geodesic(self) -> bool:  # type: ignore[override]
         """The total space's."""
-        return self._total[0].closed_form_geodesic
+        return self._parts[0].closed_form_geodesic
+
+    @property
+    def metric_name(self) -> str | float | None:  # pyright: ignore[reportIncompatibleVariableOverride]
+        """The total space's."""
+        return self._parts[0].metric_name
+
+    # ------------------------------------------------------------------ the group
+    def lie_shape(self, p: AtPoint) -> tuple[int, ...]:
+        return self._parts[1].lie_shape(p)
+
+    def vertical(self, p: AtPoint, omega: Tensor) -> Tensor:
+        return self._parts[1].vertical(p, omega)
+
+    def precondition(self, p: AtPoint, r: Tensor) -> Tensor:
+        return self._parts[1].precondition(p, r)
+
+    def act(self, x: Tensor, g: Any) -> Tensor:
+        return self._parts[1].act(x, g)
+
+    def push(self, x: Tensor, u: Tensor, g: Any) -> Tensor:
+        return self._parts[1].push(x, u, g)
+
+    def random_group(
+        self,
+        x: Tensor | AtPoint,
+        *,
+        generator: torch.Generator | None = None,
+        scale: float = 1.0,
+        condition: float = DEFAULT_CONDITION,
+    ) -> Any:
+        x = x.x if isinstance(x, AtPoint) else x
+        return random_element(
+            self._parts[1], x, generator=generator, scale=scale, condition=condition
+        )
+
+    def group_name(self, shape: tuple[int, ...]) -> str:
+        return self._parts[1].group_name(shape)
 
     # ------------------------------------------------------------------ points
     def at(self, x: Tensor | AtPoint) -> AtPoint:
-        """The total space's cached point, after this quotient's shape check."""
-        ok, reason = self._check_shape((x.x if isinstance(x, AtPoint) else x).shape, "x")
+        """The total space's cached point (its checks), after this quotient's shape check."""
+        p = self._parts[0].at(x)
+        ok, reason = self._check_shape(p.x.shape, "x")
         if not ok:
             raise ValueError(reason)
-        return self._total[0].at(x)
+        return p
 
     def _check_shape(self, shape, name):
-        return self._total[0]._check_shape(shape, name)
+        return self._parts[0]._check_shape(shape, name)
 
     def _check_free(self, x: Tensor) -> None:
-        self._total[0]._check_free(x)
+        self._parts[0]._check_free(x)
 
     def _check_point_on_manifold(self, x, *, atol=1e-5, rtol=1e-5):
-        return self._total[0]._check_point_on_manifold(x, atol=atol, rtol=rtol)
+        return self._parts[0]._check_point_on_manifold(x, atol=atol, rtol=rtol)
 
     def random(
         self,
@@ -146,7 +155,7 @@ class Quotient(GroupAction):
         device: torch.device | str | None = None,
         **kwargs: Any,
     ) -> Tensor:
-        return self._total[0].random(*size, dtype=dtype, device=device, **kwargs)
+        return self._parts[0].random(*size, dtype=dtype, device=device, **kwargs)
 
     def origin(
         self,
@@ -155,37 +164,37 @@ class Quotient(GroupAction):
         device: torch.device | str | None = None,
         seed: int = 42,
     ) -> Tensor:
-        return self._total[0].origin(*size, dtype=dtype, device=device, seed=seed)
+        return self._parts[0].origin(*size, dtype=dtype, device=device, seed=seed)
 
-    # ------------------------------------------------------------------ the total space's geometry
+    # ------------------------------------------------------------------ the total space
     def metric(self, p: AtPoint, u: Tensor) -> Tensor:
-        return self._total[0].metric(p, u)
+        return self._parts[0].metric(p, u)
 
     def metric_inv(self, p: AtPoint, v: Tensor) -> Tensor:
-        return self._total[0].metric_inv(p, v)
+        return self._parts[0].metric_inv(p, v)
 
     def isotropic(self, p: AtPoint, e: Tensor) -> Tensor:
-        return self._total[0].isotropic(p, e)
+        return self._parts[0].isotropic(p, e)
 
     def inner(
         self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False
     ) -> Tensor:
-        return self._total[0].inner(self.at(x), u, v, keepdim=keepdim)
+        return self._parts[0].inner(self.at(x), u, v, keepdim=keepdim)
 
     def christoffel(self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None) -> Tensor:
-        return self._total[0].christoffel(self.at(x), u, v)
+        return self._parts[0].christoffel(self.at(x), u, v)
 
     def expmap2(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
-        return self._total[0].expmap2(self.at(x), u)
+        return self._parts[0].expmap2(self.at(x), u)
 
     def geodesic(
         self, x: Tensor | AtPoint, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
     ) -> tuple[Tensor, Tensor]:
         """The total space's geodesic (closed form where the total space has one)."""
-        return self._total[0].geodesic(self.at(x), u, t, steps=steps)
+        return self._parts[0].geodesic(self.at(x), u, t, steps=steps)
 
     def expmap(self, x: Tensor | AtPoint, u: Tensor, *, steps: int | None = None) -> Tensor:
-        return self._total[0].expmap(self.at(x), u, steps=steps)
+        return self._parts[0].expmap(self.at(x), u, steps=steps)
 
 
 class GenericPath(Quotient):

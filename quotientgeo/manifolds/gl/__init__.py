@@ -1,16 +1,24 @@
-"""GL(h) two-factor quotients: total spaces (one class per metric), the group, the quotients.
+"""GL(h) two-factor quotients: ``total / group``, a total space with a metric and a group.
 
-``GLQuotient(n, metric)`` and ``GLTotalSpace(n, metric)`` construct the metric's class
-(:class:`~quotientgeo.manifolds.variants.MetricVariants`); each metric's module registers its
-classes when imported, here.
+- ``total.py``: :class:`GLTotalSpace`, what every metric shares (layout, cached Grams, the
+  metric from its weights, Christoffel symbols, geodesics); ``GLTotalSpace(n, metric)``
+  constructs the metric's class;
+- ``group.py``: :class:`GLGroup`, ``GL(h)`` acting by ``(G, H) ↦ (G A⁻¹, H Aᵀ)``;
+- ``quotient.py``: :class:`GLQuotient`, the metric's total space by a :class:`GLGroup`;
+  ``GLQuotient(n, metric)`` constructs the metric's class;
+- ``inv.py``, ``mix.py``, ``interpolated.py``: one metric each, its total space and its
+  quotient (the closed-form projection where there is one);
+- ``rotary.py``: the rotary subgroup and its quotient of the same total spaces;
+- ``blocks.py``: the block arithmetic they share.
 """
 
-from .base import GLQuotient, GLTotalSpace
 from .group import GLGroup
 from .interpolated import InterpolatedGLQuotient, InterpolatedTotalSpace
 from .inv import GLInvQuotient, InvTotalSpace
 from .mix import GLMixQuotient, MixTotalSpace
+from .quotient import GLQuotient
 from .rotary import RotaryGLQuotient, RotaryGroup
+from .total import GLTotalSpace
 
 __all__ = [
     "GLGroup",

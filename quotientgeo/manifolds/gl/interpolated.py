@@ -2,22 +2,25 @@ r"""The interpolated metric ``(1-s)·inv + s·mix``: its total space and GL(h) q
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from ...linalg import cholesky, cholesky_inverse
 from ...validation import real_in
 from ..base import AtPoint
-from .base import GLQuotient, GLTotalSpace
 from .blocks import Coefficients, Products
 from .inv import inv_coefficients
 from .mix import mix_coefficients
+from .quotient import GLQuotient
+from .total import GLTotalSpace
 
 Tensor = torch.Tensor
 
 __all__ = ["InterpolatedGLQuotient", "InterpolatedTotalSpace"]
 
 
-class InterpolatedTotalSpace(GLTotalSpace, metric=float):
+class InterpolatedTotalSpace(GLTotalSpace):
     r"""``GLTotalSpace(n, s)``: weights ``W_G = (1-s) P⁻¹ + s Q``, ``W_H = (1-s) Q⁻¹ + s P``.
 
     The metric-spectrum ablation: ``s = 0`` is the ``"inv"`` metric, ``s = 1`` the ``"mix"``
@@ -98,7 +101,7 @@ class InterpolatedTotalSpace(GLTotalSpace, metric=float):
         return super().metric_inv(p, v)
 
 
-class InterpolatedGLQuotient(GLQuotient, InterpolatedTotalSpace, metric=float):
+class InterpolatedGLQuotient(GLQuotient):
     r"""``GLQuotient(n, s)``: :class:`InterpolatedTotalSpace` by ``GL(h)``.
 
     The projection comes from the generic base (normal equations of the ``h²``-dimensional
@@ -114,3 +117,9 @@ class InterpolatedGLQuotient(GLQuotient, InterpolatedTotalSpace, metric=float):
     """
 
     name = "InterpolatedGLQuotient"
+    total_class = InterpolatedTotalSpace
+
+    @property
+    def s(self) -> float:
+        """The interpolation weight."""
+        return cast("InterpolatedTotalSpace", self.total).s

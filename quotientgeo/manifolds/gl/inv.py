@@ -6,15 +6,16 @@ import torch
 
 from ...linalg import expm, mT, solve_sylvester, sylvester_basis, sym
 from ..base import AtPoint
-from .base import GLQuotient, GLTotalSpace
 from .blocks import Coefficients, Products
+from .quotient import GLQuotient
+from .total import GLTotalSpace
 
 Tensor = torch.Tensor
 
 __all__ = ["GLInvQuotient", "InvTotalSpace"]
 
 
-class InvTotalSpace(GLTotalSpace, metric="inv"):
+class InvTotalSpace(GLTotalSpace):
     r"""``GLTotalSpace(n, "inv")``: weights ``(W_G, W_H) = (P⁻¹, Q⁻¹)``.
 
     - ``M⁻¹ v = (v_G P, v_H Q)``;
@@ -29,6 +30,7 @@ class InvTotalSpace(GLTotalSpace, metric="inv"):
     """
 
     name = "InvTotalSpace"
+    metric_name = "inv"
 
     def extra_repr(self) -> str:
         return f"n={self.n}, metric='inv', eps={self.eps}"
@@ -74,7 +76,7 @@ class InvTotalSpace(GLTotalSpace, metric="inv"):
         return inv_coefficients(k, same)
 
 
-class GLInvQuotient(GLQuotient, InvTotalSpace, metric="inv"):
+class GLInvQuotient(GLQuotient):
     r"""``GLQuotient(n, "inv")``: :class:`InvTotalSpace` by ``GL(h)``.
 
     - horizontal space ``ξ_Gᵀ G Q = P Hᵀ ξ_H``; projection ``(ξ_G + G Λ, ξ_H - H Λᵀ)`` with
@@ -85,7 +87,7 @@ class GLInvQuotient(GLQuotient, InvTotalSpace, metric="inv"):
       (``eps = 0``) from :class:`InvTotalSpace`.
     """
 
-    name = "GLQuotient"
+    total_class = InvTotalSpace
 
     def proju(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         """``(ξ_G + G Λ, ξ_H - H Λᵀ)``, ``Λ`` from the Sylvester equation (class docstring)."""

@@ -6,15 +6,16 @@ import torch
 
 from ...linalg import mT, sym
 from ..base import AtPoint
-from .base import GLQuotient, GLTotalSpace
 from .blocks import Coefficients, Products
+from .quotient import GLQuotient
+from .total import GLTotalSpace
 
 Tensor = torch.Tensor
 
 __all__ = ["GLMixQuotient", "MixTotalSpace"]
 
 
-class MixTotalSpace(GLTotalSpace, metric="mix"):
+class MixTotalSpace(GLTotalSpace):
     r"""``GLTotalSpace(n, "mix")``: weights ``(W_G, W_H) = (Q, P)``.
 
     - ``M⁻¹ v = (v_G Q⁻¹, v_H P⁻¹)``;
@@ -25,6 +26,7 @@ class MixTotalSpace(GLTotalSpace, metric="mix"):
     """
 
     name = "MixTotalSpace"
+    metric_name = "mix"
 
     def extra_repr(self) -> str:
         return f"n={self.n}, metric='mix', eps={self.eps}"
@@ -53,7 +55,7 @@ class MixTotalSpace(GLTotalSpace, metric="mix"):
         return mix_coefficients(k, same)
 
 
-class GLMixQuotient(GLQuotient, MixTotalSpace, metric="mix"):
+class GLMixQuotient(GLQuotient):
     r"""``GLQuotient(n, "mix")``: :class:`MixTotalSpace` by ``GL(h)``.
 
     - horizontal space ``Gᵀ ξ_G Q = P ξ_Hᵀ H``; projection ``(ξ_G + G Λ, ξ_H - H Λᵀ)`` with
@@ -62,7 +64,7 @@ class GLMixQuotient(GLQuotient, MixTotalSpace, metric="mix"):
     - metric, ``M⁻¹``, isotropic map and Christoffel symbols from :class:`MixTotalSpace`.
     """
 
-    name = "GLQuotient"
+    total_class = MixTotalSpace
 
     def precondition(self, p: AtPoint, r: Tensor) -> Tensor:
         """``½ P⁻¹ r Q⁻¹``, the exact inverse of ``V* M V: Ω ↦ 2 P Ω Q`` (at ``eps = 0``)."""

@@ -17,12 +17,12 @@ import torch
 
 from ...linalg import cholesky, conditioned_matrix, gram, log_uniform, mT, tensor_sum
 from ...validation import integer
-from ..base import AtPoint
+from ..base import DEFAULT_METRIC, AtPoint
 from ..groups import DEFAULT_CONDITION, check_condition
 from ..quotient import Quotient
-from ..variants import DEFAULT_METRIC
-from .base import GLQuotient
 from .group import GLGroup
+from .quotient import GLQuotient
+from .total import GLTotalSpace
 
 Tensor = torch.Tensor
 
@@ -139,12 +139,12 @@ class RotaryGLQuotient(Quotient):
 
     The metric is a GL(h)-invariant metric of :class:`GLQuotient` (``"inv"``, ``"mix"`` or
     ``s``); it is invariant under the subgroup too, so it descends to this (larger) quotient.
-    A :class:`~quotientgeo.manifolds.quotient.Quotient` of the GL total space by
-    :class:`RotaryGroup`: the metric, Christoffel symbols and geodesics (closed form for
-    ``"inv"`` with ``eps = 0``) are those of the total space, which is :attr:`gl` (the GL(h)
-    quotient of the same metric inherits its total space, and both share one point cache); only
-    the vertical space shrinks to ``{(-G Ω, H Ωᵀ) : Ω ∈ 𝔰}`` with ``𝔰`` the commutant of the
-    rotations, so the horizontal space and the projection change.
+    A :class:`~quotientgeo.manifolds.quotient.Quotient` of the metric's
+    :class:`~.total.GLTotalSpace` by :class:`RotaryGroup`: the metric, Christoffel symbols and
+    geodesics (closed form for ``"inv"`` with ``eps = 0``) are those of the total space, which
+    :attr:`gl`, the GL(h) quotient, shares (one point cache for both); only the vertical space
+    shrinks to ``{(-G Ω, H Ωᵀ) : Ω ∈ 𝔰}`` with ``𝔰`` the commutant of the rotations, so the
+    horizontal space and the projection change.
 
     Coordinate pairs (``pairing``): ``"half"`` pairs ``j`` with ``j + r/2`` (Hugging Face's
     ``rotate_half``: Llama, Mistral, Qwen, Gemma, Phi-3, GPT-NeoX), ``"interleaved"`` pairs
@@ -194,19 +194,19 @@ class RotaryGLQuotient(Quotient):
     ):
         group = RotaryGroup(n, rotary_dims, pairing)
         gl = GLQuotient(n, metric, eps, exp_steps=exp_steps)
-        super().__init__(gl, group, exp_steps=exp_steps)
-        self.gl: GLQuotient = gl
+        super().__init__(gl.total, group, exp_steps=exp_steps)
+        self.gl: GLQuotient = gl  # the GL(h) quotient of the same total space
         self.rotary_dims = group.rotary_dims
         self.pairing = group.pairing
-        self._rotary: RotaryGroup = group
+
+    @property
+    def total(self) -> GLTotalSpace:
+        """The metric's total space (shared with :attr:`gl`)."""
+        return self.gl.total
 
     @property
     def n(self) -> int:
         return self.gl.n
-
-    @property
-    def metric_name(self) -> str | float | None:  # pyright: ignore[reportIncompatibleVariableOverride]
-        return self.gl.metric_name
 
     def extra_repr(self) -> str:
         return f"{self.gl.extra_repr()}, rotary_dims={self.rotary_dims}, pairing={self.pairing!r}"
@@ -222,21 +222,26 @@ class RotaryGLQuotient(Quotient):
             exp_steps=self.exp_steps,
         )
 
+    @property
+    def group(self) -> RotaryGroup:
+        """The rotary subgroup."""
+        return self._parts[1]  # pyright: ignore[reportReturnType]
+
     def _check_shape(self, shape, name):
-        ok, reason = self.gl._check_shape(shape, name)
+        ok, reason = self.total._check_shape(shape, name)
         if not ok:
             return ok, reason
-        return self._rotary.check_shape(shape, name)
+        return self.group.check_shape(shape, name)
 
     def coordinates(
         self, h: int, device: torch.device | str | None = None
     ) -> tuple[Tensor, int, int]:
         """The group's :meth:`RotaryGroup.coordinates`."""
-        return self._rotary.coordinates(h, device)
+        return self.group.coordinates(h, device)
 
     def algebra(self, omega: Tensor, h: int) -> Tensor:
         """The group's :meth:`RotaryGroup.algebra`."""
-        return self._rotary.algebra(omega, h)
+        return self.group.algebra(omega, h)
 
     # ------------------------------------------------------------------ projection
     def proju(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
@@ -246,17 +251,17 @@ class RotaryGLQuotient(Quotient):
         solve = p.cached("rotary_projection", lambda: _Projection(self, p))
         omega = solve(u)
         # u - (-G Ω, H Ωᵀ) in one fused pass
-        return self.gl._blockwise(p.x, omega, -mT(omega), add=u)
+        return self.total._blockwise(p.x, omega, -mT(omega), add=u)
 
 
 class _Projection:
     """The per-point factorizations of :meth:`RotaryGLQuotient.proju`: ``ξ ↦ Ω``."""
 
     def __init__(self, manifold: RotaryGLQuotient, p: AtPoint):
-        gl = manifold.gl
-        G, H = gl.split(p)
-        W_G, W_H = gl.weights(p)
-        self.gl, self.G, self.H, self.W_G, self.W_H = gl, G, H, W_G, W_H
+        total = manifold.total
+        G, H = total.split(p)
+        W_G, W_H = total.weights(p)
+        self.total, self.G, self.H, self.W_G, self.W_H = total, G, H, W_G, W_H
         h = p.x.shape[-1]
         order, m, u = manifold.coordinates(h, p.x.device)
         self.order, self.back, self.m, self.u = order, torch.argsort(order), m, u
@@ -342,7 +347,7 @@ class _Projection:
 
     def __call__(self, xi: Tensor) -> Tensor:
         """The ``Ω ∈ 𝔰`` of ``ξ`` (in the original coordinate order)."""
-        xG, xH = self.gl.split(xi)
+        xG, xH = self.total.split(xi)
         b = self.W_H @ (mT(xH) @ self.H) - (mT(self.G) @ xG) @ self.W_G
         b = self.standard(b)
         m, u = self.m, self.u

@@ -1,40 +1,27 @@
-r"""GL(h) two-factor quotient: pairs ``(G, H)`` that enter a network only through ``G Hᵀ``.
-
-Three parts, composed as in a fiber bundle:
-
-- :class:`GLTotalSpace` (one subclass per metric: ``inv.py``, ``mix.py``, ``interpolated.py``):
-  the pairs ``x = [G; H]`` with an invariant metric and no group, i.e. the layout, the cached
-  Grams, the metric, Christoffel symbols and geodesics (closed form where one exists);
-- :class:`GLGroup` (``group.py``): ``GL(h)`` acting by ``(G, H) ↦ (G A⁻¹, H Aᵀ)``, its
-  vertical space ``{(-G Ω, H Ωᵀ)}`` and random elements;
-- :class:`GLQuotient`: a total space whose Lie-algebra primitives come from a :class:`GLGroup`
-  (the total-space methods are inherited, so a quotient is its own total space); each metric's
-  quotient class adds the closed-form horizontal projection where there is one.
-
-The block arithmetic that all of them share is in ``blocks.py``.
+r"""The total space of the GL(h) quotients: full-rank pairs ``x = [G; H]`` with an invariant
+metric, the metric's class chosen at construction (``inv.py``, ``mix.py``, ``interpolated.py``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from ...linalg import cholesky, cholesky_inverse, gram, mT
 from ...validation import positive_int, real_in
-from ..base import AtPoint, QuotientManifold
+from ..base import AtPoint, metric_variant
 from ..ode import rk4
-from ..quotient import GroupAction
-from ..variants import MetricVariants
+from ..quotient import TotalSpace
 from .blocks import Coefficients, Products, blockwise
-from .group import GLGroup
 
 Tensor = torch.Tensor
+T = TypeVar("T")
 
-__all__ = ["GLQuotient", "GLTotalSpace"]
+__all__ = ["GLTotalSpace"]
 
 
-class GLTotalSpace(MetricVariants, QuotientManifold, variants=True):
+class GLTotalSpace(TotalSpace):
     r"""The total space of the GL(h) quotients: full-rank pairs with an invariant metric.
 
     A point is one tensor ``x = [G; H]`` of shape ``(..., n+m, h)``, ``G`` its first ``n`` rows;
@@ -45,7 +32,7 @@ class GLTotalSpace(MetricVariants, QuotientManifold, variants=True):
     ``"inv"`` ``(P⁻¹, Q⁻¹)`` (:class:`~.inv.InvTotalSpace`), ``"mix"`` ``(Q, P)``
     (:class:`~.mix.MixTotalSpace`), ``s ∈ [0, 1]`` ``(1-s)·inv + s·mix``
     (:class:`~.interpolated.InterpolatedTotalSpace`); ``GLTotalSpace(n, metric)`` returns an
-    instance of the metric's class (:class:`~quotientgeo.manifolds.variants.MetricVariants`).
+    instance of the metric's class.
 
     This class holds everything that does not depend on the group: the layout (``split``,
     ``join``, shape and rank checks), the cached ``P``, ``Q``, their Cholesky factors and
@@ -69,6 +56,18 @@ class GLTotalSpace(MetricVariants, QuotientManifold, variants=True):
     name = "GLTotalSpace"
     ndim = 2
 
+    def __new__(
+        cls: type[T], n: int = 1, metric: str | float | None = None, *a: Any, **k: Any
+    ) -> T:
+        from . import interpolated, inv, mix  # the metrics' classes, which subclass this one
+
+        variants = {
+            "inv": inv.InvTotalSpace,
+            "mix": mix.MixTotalSpace,
+            float: interpolated.InterpolatedTotalSpace,
+        }
+        return super().__new__(metric_variant(cls, GLTotalSpace, metric, variants))  # type: ignore[misc]
+
     def __init__(
         self,
         n: int,
@@ -80,23 +79,12 @@ class GLTotalSpace(MetricVariants, QuotientManifold, variants=True):
     ):
         n = positive_int("n", n, "rows of G")
         eps = real_in("eps", eps, 0.0)
-        self._check_metric(metric)
         super().__init__(exp_steps=exp_steps, dense_max=dense_max)
         self.n = n
         self.eps = eps
 
     def extra_repr(self) -> str:
         return f"n={self.n}, eps={self.eps}"
-
-    # ------------------------------------------------------------------ the trivial group
-    def lie_shape(self, p: AtPoint) -> tuple[int, ...]:
-        """``(0,)``: no group acts on the total space itself."""
-        return (0,)
-
-    def vertical(self, p: AtPoint, omega: Tensor) -> Tensor:
-        """The only vertical vector of the trivial group, zero."""
-        batch = torch.broadcast_shapes(p.x.shape[:-2], omega.shape[:-1])
-        return p.x.new_zeros(*batch, *p.x.shape[-2:])
 
     # ------------------------------------------------------------------ layout
     def split(self, x: Tensor | AtPoint) -> tuple[Tensor, Tensor]:
@@ -333,78 +321,3 @@ class GLTotalSpace(MetricVariants, QuotientManifold, variants=True):
         rows, h = size[-2], size[-1]
         eye = lambda r: torch.eye(r, h, dtype=dtype, device=device)  # noqa: E731
         return torch.cat([eye(self.n), eye(rows - self.n)], dim=-2).expand(*size).clone()
-
-
-class GLQuotient(GroupAction, GLTotalSpace, variants=True):
-    r"""Quotient of full-rank factor pairs by ``GL(h)``: ``(G, H) ~ (G A⁻¹, H Aᵀ)``.
-
-    A point is one tensor ``x = [G; H]`` of shape ``(..., n+m, h)``, ``G`` its first ``n`` rows;
-    leading dimensions are batch dimensions (heads, layers). Vertical vectors are
-    ``(-G Ω, H Ωᵀ)``. Every metric here is a right multiplication
-    ``M(x) u = (u_G W_G, u_H W_H)`` by ``h × h`` SPD weights that transform as
-    ``W_G ↦ A W_G Aᵀ``, ``W_H ↦ A⁻ᵀ W_H A⁻¹``, hence invariant. With ``P = GᵀG + eps·I`` and
-    ``Q = HᵀH + eps·I``:
-
-    ==================  ======================================  ===========================
-    ``metric``          ``(W_G, W_H)``                          class
-    ==================  ======================================  ===========================
-    ``"inv"``           ``(P⁻¹, Q⁻¹)``                          :class:`GLInvQuotient`
-    ``"mix"``           ``(Q, P)``                              :class:`GLMixQuotient`
-    ``s ∈ [0, 1]``      ``(1-s)·inv + s·mix``                   :class:`InterpolatedGLQuotient`
-    ==================  ======================================  ===========================
-
-    ``GLQuotient(n, metric)`` returns an instance of the class of ``metric`` (as geoopt's
-    ``Stiefel(canonical=...)`` does; :class:`~quotientgeo.manifolds.variants.MetricVariants`).
-    ``<η, ζ> = tr(W_G η_Gᵀ ζ_G) + tr(W_H η_Hᵀ ζ_H)``.
-
-    ``eps > 0`` is the relaxation of the paper's Appendix H.2 for (nearly) rank-deficient
-    factors: ``P``, ``Q`` are replaced by their relaxed versions in every formula, so the
-    action is then only approximately an isometry and the projection only approximately
-    idempotent. Use :meth:`at` to reuse the factorizations of a fixed base point.
-
-    Composition: everything that does not involve the group (layout, metric, Christoffel
-    symbols, geodesics) is the metric's :class:`GLTotalSpace`, which each metric's class
-    inherits; the group primitives (``lie_shape``, ``vertical``, ``act``, ``push``,
-    ``random_group``, ``group_name``) come from :attr:`group`, a :class:`GLGroup`.
-
-    Accuracy: the formulas factorize ``P`` and ``Q``, whose condition numbers are ``cond(G)²``
-    and ``cond(H)²``, so results carry relative errors of order ``cond² · eps`` of the dtype.
-    In float32 that is already 1 % at ``cond ≈ 300``; :meth:`check_point_on_manifold` refuses
-    points with ``cond² ≥ 1 / eps``. Compute in float64 or relax with ``eps > 0`` there.
-
-    Args:
-        n: number of rows of ``G`` (``m`` follows from the point's shape).
-        metric: ``"mix"`` (default), ``"inv"`` or the interpolation weight ``s``.
-        eps: Gram relaxation ``≥ 0``.
-        exp_steps: RK4 steps of :meth:`geodesic` where it integrates; ``None`` (default)
-            chooses them from the velocity for a stated accuracy.
-        dense_max: largest ``h²`` for which the generic projection (interpolated metric)
-            forms the normal equations densely.
-    """
-
-    name = "GLQuotient"
-    ndim = 2
-
-    def __init__(
-        self,
-        n: int,
-        metric: str | float | None = None,
-        eps: float = 0.0,
-        *,
-        exp_steps: int | None = None,
-        dense_max: int = 64,
-    ):
-        # the metric's total space (next in the method order) initialises the geometry
-        named: dict[str, Any] = {} if metric is None else {"metric": metric}
-        super().__init__(n, eps=eps, exp_steps=exp_steps, dense_max=dense_max, **named)
-        self.set_group(GLGroup(self.n))
-
-    def with_metric(self, metric: str | float, *, eps: float | None = None) -> GLQuotient:
-        """``GLQuotient(n, metric)`` with this one's ``n``, steps and (unless given) ``eps``."""
-        return GLQuotient(
-            self.n,
-            metric,
-            self.eps if eps is None else eps,
-            exp_steps=self.exp_steps,
-            dense_max=self.dense_max,
-        )
