@@ -32,8 +32,10 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import torch
+from torch import nn
 
 from ..sharpness import Measure
 from .options import run_config
@@ -116,7 +118,9 @@ def build(args: argparse.Namespace):
         embd_pdrop=0.0,
         resid_pdrop=0.0,
     )
-    model = GPT2LMHeadModel(config).to(device=args.device, dtype=DTYPES[args.dtype]).eval()
+    # transformers' decorated __init__ reads to type checkers as an unbound method
+    model: nn.Module = cast(Any, GPT2LMHeadModel)(config)
+    model = model.to(device=args.device, dtype=DTYPES[args.dtype]).eval()
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen).to(args.device)
 
@@ -158,7 +162,7 @@ def _sharded(model: torch.nn.Module, args: argparse.Namespace) -> torch.nn.Modul
     if args.device != "cpu":
         torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
         model = model.to(f"cuda:{torch.cuda.current_device()}")
-    for block in model.transformer.h:
+    for block in cast(nn.ModuleList, model.get_submodule("transformer.h")):
         fully_shard(block)
     fully_shard(model)
     return model
@@ -185,7 +189,7 @@ def _run_here(args: argparse.Namespace) -> dict[str, int]:
         fn()
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device)
-    out = {"peak_bytes": peak - start, "parameter_bytes": parameter_bytes(model)}
+    out: dict[str, Any] = {"peak_bytes": peak - start, "parameter_bytes": parameter_bytes(model)}
     if args.shard > 1:
         import torch.distributed as dist
 

@@ -117,11 +117,10 @@ class PerturbationSpace:
         images = [self.ball.metric(self.ball_point, v).reshape(-1) for v in vectors]
         flat = [v.reshape(-1) for v in vectors]
         k = len(vectors)
-        entries = [[None] * k for _ in range(k)]
-        for i in range(k):
-            for j in range(i, k):
-                entries[i][j] = entries[j][i] = torch.dot(flat[i], images[j])
-        return torch.stack([torch.stack(row) for row in entries])  # pyright: ignore[reportArgumentType]
+        upper = {(i, j): torch.dot(flat[i], images[j]) for i in range(k) for j in range(i, k)}
+        return torch.stack(
+            [torch.stack([upper[min(i, j), max(i, j)] for j in range(k)]) for i in range(k)]
+        )
 
     def random(self, e: Tensor) -> Tensor:
         """The horizontal direction of the standard Gaussian draw ``e`` (of the point's shape):

@@ -108,9 +108,10 @@ def reshard(model: torch.nn.Module) -> None:
     """Free the whole parameters that FSDP2 keeps after a forward pass without backward (the
     root module keeps them by default), so that the next forward pass gathers the local parts
     anew, as they are written to, and the modules hold their sharded parameters again."""
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    if fsdp is None:
-        return
+    if "torch.distributed.fsdp" not in sys.modules:
+        return  # nothing is sharded unless FSDP was imported
+    from torch.distributed.fsdp import FSDPModule
+
     for module in model.modules():
-        if isinstance(module, fsdp.FSDPModule):
+        if isinstance(module, FSDPModule):
             module.reshard()
