@@ -229,7 +229,7 @@ class QuotientManifold(Manifold):
         a rescaled ``ω`` stays in any subspace the Gaussian lies in). Otherwise (scalings)
         ``exp`` is element-wise and each entry of ``ω`` is uniform in
         ``[-½ log c, ½ log c]``: factors log-uniform in ``[c^{-1/2}, c^{1/2}]``, any two
-        within a factor ``c = condition`` of each other (:func:`~.groups.random_exp`).
+        within a factor ``c = condition`` of each other (``groups.random_exp``).
         ``scale > 0`` keeps ``g`` in the identity component. Override where :meth:`act` takes
         its group elements in another form.
         """

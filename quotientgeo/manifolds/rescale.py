@@ -195,7 +195,7 @@ class RescaleGroup:
         condition: float = DEFAULT_CONDITION,
     ) -> Tensor:
         """``α = scale · exp(ω)``, ``ω`` uniform in ``[-½ log c, ½ log c]`` per entry
-        (:func:`~quotientgeo.manifolds.groups.random_exp`)."""
+        (``quotientgeo.manifolds.groups.random_exp``)."""
         x = x.x if isinstance(x, AtPoint) else x
         kw = {"generator": generator, "dtype": x.dtype, "device": x.device}
         return random_exp((x.shape[-1],), x.shape[:-2], scale=scale, condition=condition, **kw)

@@ -164,7 +164,7 @@ class ScaleGroup:
         condition: float = DEFAULT_CONDITION,
     ) -> Tensor:
         """``a = scale · exp(ω)``, ``ω`` uniform in ``[-½ log c, ½ log c]`` per block
-        (:func:`~quotientgeo.manifolds.groups.random_exp`)."""
+        (``quotientgeo.manifolds.groups.random_exp``)."""
         x = x.x if isinstance(x, AtPoint) else x
         kw = {"generator": generator, "dtype": x.dtype, "device": x.device}
         batch = x.shape[: x.dim() - self.ndim]
