@@ -14,7 +14,7 @@ import torch
 from quotientgeo.manifolds import QuotientManifold
 
 DT = torch.float64
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "define_a_symmetry.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "define_a_symmetry.py"
 
 PRIMITIVES = {
     "lie_shape": lambda self, p: (),

@@ -1,11 +1,12 @@
-"""One rank of ``torchrun --nproc_per_node 2 tests/fsdp_worker.py OUT``: sharpness and GeodesicSAM
-on models sharded with FSDP2 (``fully_shard``), against the same weights in one process.
+"""One rank of ``torchrun --nproc_per_node 2 tests/geometry/fsdp_worker.py OUT``: sharpness and
+GeodesicSAM on models sharded with FSDP2 (``fully_shard``), against the same weights in one
+process.
 
 Each rank measures the unsharded model alone (``distributed="off"``), then a copy sharded per
 layer and at the root, passed as it is; it writes ``OUT.<rank>`` (JSON): both values of every
 measure, whether the sharded model came back bit-exactly, the bytes of the maximiser's
 parameter-sized buffers on this rank and in one process, and the largest difference between
-GeodesicSAM's steps on the two. tests/test_fsdp.py launches it and checks the records.
+GeodesicSAM's steps on the two. tests/geometry/test_fsdp.py launches it and checks the records.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Models sharded with FSDP2 (``fully_shard``), measured and trained as they are, under
-``torchrun`` with 2 gloo processes on the CPU (tests/fsdp_worker.py).
+``torchrun`` with 2 gloo processes on the CPU (tests/geometry/fsdp_worker.py).
 
 Every measure of a sharded tiny BERT (heads straddling the shards) and tiny Llama (grouped-query
 attention, rotary embeddings) equals the value of the same weights in one process to 1e-10 in

@@ -1,5 +1,5 @@
 """Tiny random float64 models of today's transformer families, built offline, and their
-outputs: the table that tests/test_families.py checks discovery on.
+outputs: the table that tests/geometry/test_families.py checks discovery on.
 
 Families that compute parts in float32 even for float64 models (the RMSNorm of Llama,
 Mistral, Mixtral, Qwen, Gemma, Phi-3; GPT-J's attention scores) have ``exact=False``; those

