@@ -62,7 +62,7 @@ def assert_sharpness_invariance(
     ``outputs(model)`` (to ``output_tol``, keyword arguments of
     :func:`torch.testing.assert_close`, default float64 exact: ``rtol=1e-9, atol=1e-10``) and
     geodesic sharpness for both metrics (to ``rtol`` relative, default
-    :data:`SHARPNESS_RTOL`), while adaptive sharpness changes by more than ``adaptive_min``
+    ``SHARPNESS_RTOL``), while adaptive sharpness changes by more than ``adaptive_min``
     relative for at least one scale.
     """
     from .. import adaptive_sharpness, geodesic_sharpness

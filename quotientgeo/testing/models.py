@@ -71,7 +71,7 @@ def tiny_bert(dtype: torch.dtype = torch.float64, **overrides) -> nn.Module:
     """A 2-layer, 4-head, width-16 ``transformers.BertModel`` (eager attention, vocabulary 40,
     at most 12 positions) in eval mode, initialised from seed 0 and cast to ``dtype``.
 
-    Needs Hugging Face transformers (raises :class:`ImportError` without it); ``overrides`` go
+    Needs Hugging Face transformers (raises ``ImportError`` without it); ``overrides`` go
     to ``BertConfig``.
     """
     import transformers

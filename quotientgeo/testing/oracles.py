@@ -59,7 +59,7 @@ def geomstats_christoffel(metric_matrix: MetricMatrix, x: Tensor, u: Tensor) -> 
     """``Γ^k_ij u^i u^j`` from geomstats' autodiff Christoffel symbols of ``metric_matrix``.
 
     Needs geomstats on its pytorch backend (``GEOMSTATS_BACKEND=pytorch`` before geomstats is
-    first imported): raises :class:`ImportError` without geomstats and :class:`RuntimeError` on
+    first imported): raises ``ImportError`` without geomstats and ``RuntimeError`` on
     another backend.
     """
     gs = importlib.import_module("geomstats.backend")  # resolved at run time by geomstats
