@@ -55,6 +55,8 @@ MOVES = {
 
 #: Entries of one :class:`Piece` (of the adaptive rest, or of an element-wise pass).
 PIECE = 2**22
+#: Parameters of fewer entries share pieces; larger ones are read as views of themselves.
+SMALL = 2**16
 #: A :class:`BlockChunk` holds at most this fraction of the parameters' bytes (in the compute
 #: dtype), and at least one block.
 CHUNK_FRACTION = 1 / 32
@@ -215,10 +217,11 @@ class Segment:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Piece:
-    """Consecutive entries of parameters: whole small parameters and slices of large ones, at
-    most :data:`PIECE` of them, read as one vector (the segments concatenated) and written
-    back segment by segment. A piece of the adaptive rest moves along straight lines in
-    ``manifold``'s metric; ``sharded``: its parameters are this rank's parts of sharded ones."""
+    """Entries of parameters, at most :data:`PIECE` of them: several whole small parameters,
+    read as one vector (the segments concatenated) and written back segment by segment, or a
+    slice of one large parameter, read as a view. A piece of the adaptive rest moves along
+    straight lines in ``manifold``'s metric; ``sharded``: its parameters are this rank's parts
+    of sharded ones."""
 
     segments: tuple[Segment, ...]
     manifold: QuotientManifold | None = None
@@ -256,29 +259,33 @@ class Piece:
 
 def cut(entries: list[tuple[str, int, Tensor | None]], size: int = 0) -> list[list[Segment]]:
     """``entries`` (``(name, numel, mask)``, in order) cut into pieces of at most ``size``
-    (default :data:`PIECE`) consecutive entries: small parameters share a piece, large ones
-    are sliced. A mask selects the entries of a parameter that count."""
+    (default :data:`PIECE`) entries: parameters of fewer than :data:`SMALL` entries share
+    pieces, read as one vector (a copy, but one operation instead of many); larger ones are
+    sliced into pieces of their own, read as views. A mask selects the entries of a parameter
+    that count."""
     size = size or PIECE
     out: list[list[Segment]] = []
-    current: list[Segment] = []
+    shared: list[Segment] = []
     used = 0
     for name, n, mask in entries:
-        start = 0
-        while True:
-            stop = min(n, start + size - used)
-            seg_mask = None if mask is None else mask.view(-1)[start:stop]
-            segment = Segment(name, start, stop, seg_mask)
-            current.append(segment)
-            used += segment.size if mask is not None else stop - start
-            start = stop
-            if used >= size:
-                out.append(current)
-                current, used = [], 0
-            if start >= n:
-                break
-    if current:
-        out.append(current)
+        flat_mask = None if mask is None else mask.view(-1)
+        if n >= SMALL:
+            for start in range(0, n, size):
+                stop = min(n, start + size)
+                out.append([Segment(name, start, stop, _slice(flat_mask, start, stop))])
+            continue
+        shared.append(Segment(name, 0, n, flat_mask))
+        used += shared[-1].size
+        if used >= size:
+            out.append(shared)
+            shared, used = [], 0
+    if shared:
+        out.append(shared)
     return out
+
+
+def _slice(mask: Tensor | None, start: int, stop: int) -> Tensor | None:
+    return None if mask is None else mask[start:stop]
 
 
 class Perturbations:

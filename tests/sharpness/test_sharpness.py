@@ -470,17 +470,20 @@ def test_auto_pgd_on_gram_matrices_follows_the_reference(seed, n, n_iter):
     ],
     ids=["mix", "inv exact", "adaptive norm, restarts", "average"],
 )
+@pytest.mark.parametrize("small", [5, 10**9], ids=["sliced views", "shared pieces"])
 def test_values_do_not_depend_on_how_the_blocks_are_chunked(
-    transformer_problem, monkeypatch, measure
+    transformer_problem, monkeypatch, measure, small
 ):
     """The geometry works on chunks of blocks and pieces of parameters to bound its memory:
-    one block per chunk and one-entry-wide pieces give the values of the whole kinds at once
-    (each head's arithmetic is the same; only the order of the sums over heads changes)."""
+    one block per chunk and 7-entry pieces (slices of every parameter of ``small`` entries or
+    more, the smaller ones sharing pieces) give the values of the whole kinds at once (each
+    head's arithmetic is the same; only the order of the sums changes)."""
     model, batches = transformer_problem
     whole = measure.evaluate(model, classification_loss, batches, progress=False)
     monkeypatch.setattr(perturbation_module, "CHUNK_FRACTION", 0.0)
     monkeypatch.setattr(perturbation_module, "MIN_CHUNK_BYTES", 1)
     monkeypatch.setattr(perturbation_module, "PIECE", 7)
+    monkeypatch.setattr(perturbation_module, "SMALL", small)
     chunked = measure.evaluate(model, classification_loss, batches, progress=False)
     assert chunked.per_batch == pytest.approx(whole.per_batch, rel=1e-12, abs=1e-15)
     flat = [v for batch in whole.trace for run in batch for v in run]
