@@ -9,6 +9,7 @@ from .geometry import ParameterGeometry, Source, find_symmetries
 from .manifolds import (
     AdaptiveGeometry,
     AtPoint,
+    BallDamping,
     EuclideanGeometry,
     GLQuotient,
     ProductQuotient,
@@ -35,6 +36,7 @@ __version__ = "0.2.0"
 __all__ = [
     "AdaptiveGeometry",
     "AtPoint",
+    "BallDamping",
     "Calibration",
     "EuclideanGeometry",
     "FlatnessResult",

@@ -36,10 +36,11 @@ def sym(a: Tensor) -> Tensor:
     return 0.5 * (a + mT(a))
 
 
-def gram(a: Tensor, eps: float = 0.0) -> Tensor:
-    """Relaxed Gram matrix ``AᵀA + eps·I`` of an ``(..., n, h)`` factor."""
+def gram(a: Tensor, eps: float | Tensor = 0.0) -> Tensor:
+    """Relaxed Gram matrix ``AᵀA + eps·I`` of an ``(..., n, h)`` factor (``eps`` a number, or a
+    tensor broadcastable to ``(..., 1, 1)``)."""
     g = mT(a) @ a
-    if eps:
+    if isinstance(eps, Tensor) or eps:
         g = g + eps * torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
     return g
 

@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from ..linalg import LinAlgError, gram
-from ..manifolds import GLQuotient, QuotientManifold
+from ..manifolds import BallDamping, GLQuotient, QuotientManifold
+from ..manifolds.gl.damping import relaxation
 from .parameters import ParameterGeometry
 from .plan import HeadLocation
 
@@ -216,12 +217,17 @@ class Diagnosis:
         if isinstance(gl, GLQuotient):
             threshold = 1 / torch.finfo(x.dtype).eps
             rows = {"G": (0, gl.n), "H": (gl.n, x.shape[-2])}
+            try:
+                eps = relaxation(gl.eps, *gl.split(x))
+            except ValueError:  # a ball damping without its radius, or a zero pair
+                eps = 0.0
+            flat = eps.flatten() if isinstance(eps, torch.Tensor) else eps
             for name, F in zip(("G", "H"), gl.split(x), strict=True):
                 s = torch.linalg.svdvals(F)
                 big, small = s[..., 0], s[..., -1]
                 cond = torch.where(small > 0, big / small, math.inf)
-                relaxed = (big.square() + gl.eps) / (small.square() + gl.eps)
-                failed = torch.linalg.cholesky_ex(gram(F, gl.eps)).info != 0
+                relaxed = (big.square() + flat) / (small.square() + flat)
+                failed = torch.linalg.cholesky_ex(gram(F, eps)).info != 0
                 bad = failed | ~(relaxed < threshold)  # NaN (0/0) counts as deficient
                 for i in bad.nonzero().flatten().tolist():
                     loc = self.geometry.locate(ki, i, rows[name])
@@ -265,12 +271,15 @@ class Diagnosis:
                 f"{_listed(lines)}\n{self.restored}"
             )
         limit = torch.finfo(dtype).eps ** -0.5
-        eps = max(getattr(_gl(self.manifolds[loc.kind]), "eps", 0.0) for loc, _, _ in found)
+        declared = [getattr(_gl(self.manifolds[loc.kind]), "eps", 0.0) for loc, _, _ in found]
+        eps = max((e for e in declared if not isinstance(e, BallDamping)), default=0.0)
         remedies = [] if dtype == torch.float64 else ["compute in float64"]
         remedies.append(
             f"relax the geometry with an eps larger than {eps:g}"
             if eps > 0
-            else "relax the geometry with eps > 0 (Gram matrices GᵀG + eps·I)"
+            else "relax the geometry with eps > 0 (Gram matrices GᵀG + eps·I) or with "
+            "eps=BallDamping() (ε = (ρ/σ̄)² per pair, the default of LoRA adapters, which start "
+            "at B = 0)"
         )
         what = "rank-deficient factors" if len(conds) == len(found) else "degenerate points"
         return ValueError(

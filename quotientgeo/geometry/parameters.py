@@ -31,6 +31,7 @@ from torch import nn
 from ..manifolds import (
     DEFAULT_METRIC,
     AdaptiveGeometry,
+    BallDamping,
     GLQuotient,
     QuotientManifold,
     RescaleQuotient,
@@ -222,7 +223,7 @@ class ParameterGeometry:
         return self.add(RescaleQuotient(metric), u, v, label=label)
 
     def with_metric(
-        self, metric: str | float | None, *, eps: float | None = None
+        self, metric: str | float | None, *, eps: float | BallDamping | None = None
     ) -> ParameterGeometry:
         """A new geometry of the same model and blocks, each block's manifold replaced by
         ``manifold.with_metric(metric, eps=eps)``.
@@ -323,7 +324,7 @@ class ParameterGeometry:
         return devices.pop() if devices else torch.device("cpu")
 
     def manifolds(
-        self, metric: str | float | None = None, *, eps: float | None = None
+        self, metric: str | float | None = None, *, eps: float | BallDamping | None = None
     ) -> list[QuotientManifold]:
         """One manifold per kind (order of :attr:`kinds` and :meth:`gather`).
 

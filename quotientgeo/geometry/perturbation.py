@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch import nn
 
-from ..manifolds import AdaptiveGeometry, QuotientManifold
+from ..manifolds import AdaptiveGeometry, BallDamping, QuotientManifold
 from ..options import Norm, Perturbation
 from . import shards as sh
 from .parameters import ParameterGeometry
@@ -44,6 +44,7 @@ __all__ = [
     "Piece",
     "Segment",
     "Sums",
+    "in_ball",
     "move_of",
 ]
 
@@ -61,6 +62,16 @@ SMALL = 2**16
 #: dtype), and at least one block.
 CHUNK_FRACTION = 1 / 32
 MIN_CHUNK_BYTES = 2**22
+
+
+def in_ball(manifold: QuotientManifold, radius: float | None) -> QuotientManifold:
+    """``manifold`` as a ball of radius ``radius`` perturbs it: a GL manifold relaxed by
+    ``BallDamping()`` (what discovery declares for LoRA adapters) gets the ball's radius; every
+    other manifold is itself."""
+    eps = getattr(manifold, "eps", None)
+    if radius is None or not isinstance(eps, BallDamping) or eps.radius is not None:
+        return manifold
+    return manifold.with_metric(manifold.metric_name, eps=BallDamping(radius))  # type: ignore[arg-type]
 
 
 def move_of(manifold, perturbation: Perturbation | str) -> str:
@@ -299,6 +310,8 @@ class Perturbations:
         norm: the ball's metric on the symmetry blocks (``"adaptive"``: the element-wise
             metric on their points, perturbations kept horizontal).
         rest: the geometry of the adaptive rest (element-wise adaptive; SAM's flat one).
+        radius: the ball's radius ``ρ``, for the GL kinds relaxed by a
+            :class:`~quotientgeo.BallDamping` that takes it from the ball (:func:`in_ball`).
         chunk_bytes: the largest chunk of symmetry blocks, in bytes of the compute dtype
             (``None``: :data:`CHUNK_FRACTION` of the parameters this rank holds, at least
             :data:`MIN_CHUNK_BYTES`, at least one block).
@@ -316,9 +329,11 @@ class Perturbations:
         norm: Norm | str = Norm.RIEMANNIAN,
         *,
         rest: QuotientManifold | None = None,
+        radius: float | None = None,
         chunk_bytes: int | None = None,
     ):
         self.geometry = geometry
+        self.radius = radius
         self.params: dict[str, nn.Parameter] = dict(geometry.params)
         self.dtype = geometry.compute_dtype
         self.sharded = sh.sharded_parameters(self.params.values())
@@ -329,8 +344,10 @@ class Perturbations:
             chunk_bytes = max(int(held * CHUNK_FRACTION), MIN_CHUNK_BYTES)
         self.chunk_bytes = chunk_bytes
         self.chunks: list[list[BlockChunk]] = []
+        #: Each kind's manifold as the ball perturbs it (:func:`in_ball`).
+        self.manifolds: list[QuotientManifold] = [in_ball(k.manifold, radius) for k in plan.kinds]
         for ki, kind in enumerate(plan.kinds):
-            m = kind.manifold
+            m = self.manifolds[ki]
             ball = m if Norm(norm) == Norm.RIEMANNIAN else AdaptiveGeometry()
             move = move_of(m, perturbation)
             per_head = math.prod(kind.shape) * size

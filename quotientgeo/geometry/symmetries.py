@@ -6,6 +6,7 @@ import warnings
 
 from torch import nn
 
+from ..manifolds import BallDamping
 from .discovery import find_symmetries
 from .parameters import ParameterGeometry
 
@@ -17,7 +18,7 @@ def geometry_of(
     symmetries,
     metric: str | float | None,
     *,
-    eps: float | None = None,
+    eps: float | BallDamping | None = None,
     warn_missing: bool = True,
 ) -> ParameterGeometry:
     """The geometry a measure or the optimizer uses, its manifolds resolved once.

@@ -4,6 +4,7 @@ from .adaptive import AdaptiveGeometry
 from .base import DEFAULT_METRIC, AtPoint, QuotientManifold
 from .euclidean import EuclideanGeometry
 from .gl import (
+    BallDamping,
     GLGroup,
     GLInvQuotient,
     GLMixQuotient,
@@ -35,6 +36,7 @@ __all__ = [
     "DEFAULT_METRIC",
     "AdaptiveGeometry",
     "AtPoint",
+    "BallDamping",
     "EuclideanGeometry",
     "GLGroup",
     "GLInvQuotient",

@@ -57,6 +57,7 @@ from .groups import DEFAULT_CONDITION, random_exp
 from .ode import rk4, steps_for
 
 if TYPE_CHECKING:
+    from .gl.damping import BallDamping
     from .quotient import GenericPath
 
 Tensor = torch.Tensor
@@ -249,7 +250,9 @@ class QuotientManifold(Manifold):
         """Readable name of the symmetry group acting on points of ``shape`` (for summaries)."""
         return f"the group of {type(self).__name__}"
 
-    def with_metric(self, metric: str | float, *, eps: float | None = None) -> QuotientManifold:
+    def with_metric(
+        self, metric: str | float, *, eps: float | BallDamping | None = None
+    ) -> QuotientManifold:
         """This quotient with the metric named by ``metric`` (sharpness's ``metric=`` switch).
 
         A manifold whose metric is part of its definition (the default) returns itself;

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 
 from .base import AtPoint, metric_variant
+from .gl.damping import BallDamping
 from .groups import DEFAULT_CONDITION, random_exp
 from .quotient import Quotient, TotalSpace
 
@@ -232,7 +233,9 @@ class RescaleQuotient(Quotient):
     def extra_repr(self) -> str:
         return self._parts[0].extra_repr()
 
-    def with_metric(self, metric: str | float, *, eps: float | None = None) -> RescaleQuotient:
+    def with_metric(
+        self, metric: str | float, *, eps: float | BallDamping | None = None
+    ) -> RescaleQuotient:
         """``RescaleQuotient(metric)`` (``eps`` does not apply)."""
         return RescaleQuotient(metric, exp_steps=self.exp_steps)
 

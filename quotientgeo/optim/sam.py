@@ -112,12 +112,11 @@ class GeodesicSAM(torch.optim.Optimizer):
         self.geometry: ParameterGeometry = self._geometry(model, variant, symmetries, metric, eps)
         if not self.geometry.params:
             raise ValueError("the model has no trainable parameters (requires_grad=True)")
-        self.manifolds: list[QuotientManifold] = [k.manifold for k in self.geometry.kinds]
         self.rest: QuotientManifold = (
             EuclideanGeometry() if variant == "sam" else self.geometry.rest_manifold()
         )
         self.perturbation: Perturbation = perturbation
-        self.space = Perturbations(self.geometry, perturbation, rest=self.rest)
+        self.space = Perturbations(self.geometry, perturbation, rest=self.rest, radius=rho)
         params = list(self.geometry.params.values())
         super().__init__(params, dict(rho=rho, **kwargs))
         self.base_optimizer: torch.optim.Optimizer = base_optimizer(self.param_groups, **kwargs)
@@ -158,11 +157,14 @@ class GeodesicSAM(torch.optim.Optimizer):
             raise RuntimeError("first_step was called twice; call second_step in between")
         if self.average_gradients:
             _average_gradients_(self.model, self.geometry.params.values())
+        rho = self.param_groups[0]["rho"]
+        if rho != self.space.radius:  # a scheduled radius: the ball-scaled relaxations follow it
+            self.space = Perturbations(self.geometry, self.perturbation, rest=self.rest, radius=rho)
         space, dtype = self.space, self.space.dtype
         weights, grads = space.local(), self._gradients()
         diagnosis = Diagnosis(
             self.geometry,
-            self.manifolds,
+            space.manifolds,
             None if space.sharded else lambda: self.geometry.gather(),
             "the weights are unchanged",
         )
@@ -182,7 +184,7 @@ class GeodesicSAM(torch.optim.Optimizer):
                 if isinstance(part, BlockChunk) and held + size <= space.chunk_bytes:
                     kept[id(part)], held = (s, g), held + size
             norm = sums.total()
-            scale = self.param_groups[0]["rho"] / (norm.sqrt() + torch.finfo(norm.dtype).tiny)
+            scale = rho / (norm.sqrt() + torch.finfo(norm.dtype).tiny)
             # the weights as they are; then each part's step, read from them
             self._origin = {name: t.clone() for name, t in weights.items()}
             try:

@@ -98,7 +98,7 @@ class Objective:
         self.weights = space.local()  # the model's own (local) weights: w̃ lives here
         self.diagnosis = Diagnosis(
             self.geometry,
-            [chunks[0].manifold for chunks in space.chunks],
+            space.manifolds,
             None if space.sharded else self._points,
             "the model is restored",
         )

@@ -66,7 +66,7 @@ def run(
         raise TypeError(f"return_perturbation must be True or False, got {return_perturbation!r}")
     if return_perturbation and not isinstance(case, WorstCase):
         raise ValueError("return_perturbation=True needs a worst-case measure")
-    space = Perturbations(geometry, perturbation, norm)
+    space = Perturbations(geometry, perturbation, norm, radius=rho)
     ranks = ranks_for(distributed, sharded=space.sharded)
     t0 = time.perf_counter()
     count = _length(batches)

@@ -8,7 +8,8 @@
   (:class:`~quotientgeo.RotaryGLQuotient`), of unknown pairing -> nothing (warned);
   otherwise one ``GL(h)`` pair per key/value head, ``G`` stacking its query heads.
 
-LoRA ``lora_A``/``lora_B`` adapters give a ``GL(r)`` pair ``G = W_B``, ``H = W_Aᵀ``. GL and
+LoRA ``lora_A``/``lora_B`` adapters give a ``GL(r)`` pair ``G = W_B``, ``H = W_Aᵀ``, relaxed
+by :class:`~quotientgeo.BallDamping` (PEFT initialises ``B = 0``). GL and
 rotary blocks carry the metric given to :func:`~quotientgeo.find_symmetries`. A pair whose
 factors are all frozen is left out (and counted), one with some frozen factors is warned.
 """
@@ -20,7 +21,13 @@ from collections.abc import Callable
 
 from torch import nn
 
-from ...manifolds import GLQuotient, QuotientManifold, RotaryGLQuotient, ScaleQuotient
+from ...manifolds import (
+    BallDamping,
+    GLQuotient,
+    QuotientManifold,
+    RotaryGLQuotient,
+    ScaleQuotient,
+)
 from ..layout import Source
 from ..parameters import ParameterGeometry
 from .context import DiscoveryContext, join
@@ -88,6 +95,11 @@ class Rules:
 
     def gl(self, n: int) -> GLQuotient:
         return GLQuotient(n, self.metric)
+
+    def lora_gl(self, n: int) -> GLQuotient:
+        """A LoRA pair's quotient: relaxed by :class:`~quotientgeo.BallDamping`, because PEFT
+        starts every adapter at ``B = 0``, where both metrics degenerate."""
+        return GLQuotient(n, self.metric, BallDamping())
 
     # ------------------------------------------------------------------ attention
     def declare_attention(self, finding: AttentionFinding) -> None:
@@ -204,7 +216,7 @@ class Rules:
                     h, g = [Source(a_name)], [Source(b_name, axis=1)]
                 else:
                     continue
-                self.declare(label, self.gl, tuple(g), tuple(h), heads=1)
+                self.declare(label, self.lora_gl, tuple(g), tuple(h), heads=1)
         return found
 
     # ------------------------------------------------------------------ summary

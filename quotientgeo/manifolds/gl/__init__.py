@@ -9,9 +9,12 @@
 - ``inv.py``, ``mix.py``, ``interpolated.py``: one metric each, its total space and its
   quotient (the closed-form projection where there is one);
 - ``rotary.py``: the rotary subgroup and its quotient of the same total spaces;
-- ``blocks.py``: the block arithmetic they share.
+- ``blocks.py``: the block arithmetic they share;
+- ``damping.py``: :class:`BallDamping`, the relaxation scaled to a ball (pairs with a zero
+  factor, such as LoRA adapters at ``B = 0``).
 """
 
+from .damping import BallDamping
 from .group import GLGroup
 from .interpolated import InterpolatedGLQuotient, InterpolatedTotalSpace
 from .inv import GLInvQuotient, InvTotalSpace
@@ -21,6 +24,7 @@ from .rotary import RotaryGLQuotient, RotaryGroup
 from .total import GLTotalSpace
 
 __all__ = [
+    "BallDamping",
     "GLGroup",
     "GLInvQuotient",
     "GLMixQuotient",

@@ -51,7 +51,7 @@ class InvTotalSpace(GLTotalSpace):
     @property
     def closed_form_geodesic(self) -> bool:  # type: ignore[override]
         """Closed form for ``eps = 0`` (the relaxed metric is integrated)."""
-        return self.eps == 0
+        return not self.relaxed
 
     def geodesic(
         self, x: Tensor | AtPoint, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
@@ -59,7 +59,7 @@ class InvTotalSpace(GLTotalSpace):
         """``(γ(t), γ'(t))``: closed form per factor (:func:`inv_geodesic`) for ``eps = 0``
         (``steps`` unused); with ``eps > 0`` the relaxed metric is not GL(h)-invariant and the
         geodesic is integrated (:meth:`GLTotalSpace.geodesic`)."""
-        if self.eps:
+        if self.relaxed:
             return super().geodesic(x, u, t, steps=steps)
         p = self.at(x)
         self._check_vector(p, u)

@@ -8,6 +8,7 @@ import torch
 
 from ..base import AtPoint, metric_variant
 from ..quotient import Quotient
+from .damping import BallDamping
 from .group import GLGroup
 from .total import GLTotalSpace
 
@@ -83,7 +84,7 @@ class GLQuotient(Quotient):
         self,
         n: int,
         metric: str | float | None = None,
-        eps: float = 0.0,
+        eps: float | BallDamping = 0.0,
         *,
         exp_steps: int | None = None,
         dense_max: int = 64,
@@ -95,7 +96,9 @@ class GLQuotient(Quotient):
     def extra_repr(self) -> str:
         return self._parts[0].extra_repr()
 
-    def with_metric(self, metric: str | float, *, eps: float | None = None) -> GLQuotient:
+    def with_metric(
+        self, metric: str | float, *, eps: float | BallDamping | None = None
+    ) -> GLQuotient:
         """``GLQuotient(n, metric)`` with this one's ``n``, steps and (unless given) ``eps``."""
         return GLQuotient(
             self.n,
@@ -117,7 +120,7 @@ class GLQuotient(Quotient):
         return self._parts[0].n
 
     @property
-    def eps(self) -> float:
+    def eps(self) -> float | BallDamping:
         """The Gram relaxation."""
         return self._parts[0].eps
 

@@ -20,6 +20,7 @@ from ...validation import integer
 from ..base import DEFAULT_METRIC, AtPoint
 from ..groups import DEFAULT_CONDITION, check_condition
 from ..quotient import Quotient
+from .damping import BallDamping
 from .group import GLGroup
 from .quotient import GLQuotient
 from .total import GLTotalSpace
@@ -186,7 +187,7 @@ class RotaryGLQuotient(Quotient):
         self,
         n: int,
         metric: str | float = DEFAULT_METRIC,
-        eps: float = 0.0,
+        eps: float | BallDamping = 0.0,
         *,
         rotary_dims: int | None = None,
         pairing: str = "half",
@@ -211,7 +212,9 @@ class RotaryGLQuotient(Quotient):
     def extra_repr(self) -> str:
         return f"{self.gl.extra_repr()}, rotary_dims={self.rotary_dims}, pairing={self.pairing!r}"
 
-    def with_metric(self, metric: str | float, *, eps: float | None = None) -> RotaryGLQuotient:
+    def with_metric(
+        self, metric: str | float, *, eps: float | BallDamping | None = None
+    ) -> RotaryGLQuotient:
         """The same subgroup with the GL metric ``metric`` (and ``eps``, unless ``None``)."""
         return RotaryGLQuotient(
             self.n,

@@ -14,6 +14,7 @@ from ..base import AtPoint, metric_variant
 from ..ode import rk4
 from ..quotient import TotalSpace
 from .blocks import Coefficients, Products, blockwise
+from .damping import BallDamping, relaxation
 
 Tensor = torch.Tensor
 T = TypeVar("T")
@@ -46,7 +47,8 @@ class GLTotalSpace(TotalSpace):
     Args:
         n: number of rows of ``G`` (``m`` follows from the point's shape).
         metric: ``"mix"`` (default), ``"inv"`` or the interpolation weight ``s``.
-        eps: Gram relaxation ``≥ 0``.
+        eps: Gram relaxation ``≥ 0``, or a :class:`~.damping.BallDamping` (one ``ε`` per pair,
+            scaled to a ball's radius).
         exp_steps: RK4 steps of :meth:`geodesic` where it integrates; ``None`` (default)
             chooses them from the velocity for a stated accuracy.
         dense_max: largest Lie-algebra dimension for which the generic projection forms the
@@ -72,16 +74,22 @@ class GLTotalSpace(TotalSpace):
         self,
         n: int,
         metric: str | float | None = None,
-        eps: float = 0.0,
+        eps: float | BallDamping = 0.0,
         *,
         exp_steps: int | None = None,
         dense_max: int = 64,
     ):
         n = positive_int("n", n, "rows of G")
-        eps = real_in("eps", eps, 0.0)
+        if not isinstance(eps, BallDamping):
+            eps = real_in("eps", eps, 0.0)
         super().__init__(exp_steps=exp_steps, dense_max=dense_max)
         self.n = n
-        self.eps = eps
+        self.eps: float | BallDamping = eps
+
+    @property
+    def relaxed(self) -> bool:
+        """Whether the Grams are relaxed (``eps > 0`` or a :class:`~.damping.BallDamping`)."""
+        return isinstance(self.eps, BallDamping) or self.eps > 0
 
     def extra_repr(self) -> str:
         return f"n={self.n}, eps={self.eps}"
@@ -118,12 +126,18 @@ class GLTotalSpace(TotalSpace):
         return True, None
 
     # ------------------------------------------------------------------ cached quantities
+    def relaxation(self, p: AtPoint) -> float | Tensor:
+        """The Gram relaxation at ``p``: ``eps``, or a :class:`~.damping.BallDamping`'s ``ε``
+        of each pair (shape ``(..., 1, 1)``), cached on ``p``."""
+        return p.cached("relaxation", lambda: relaxation(self.eps, *self.split(p)))
+
     def grams(self, p: AtPoint) -> tuple[Tensor, Tensor]:
         """``(P, Q) = (GᵀG + eps·I, HᵀH + eps·I)``, cached on ``p``."""
 
         def compute():
             G, H = self.split(p)
-            return gram(G, self.eps), gram(H, self.eps)
+            eps = self.relaxation(p)
+            return gram(G, eps), gram(H, eps)
 
         return p.cached("grams", compute)
 
@@ -248,7 +262,7 @@ class GLTotalSpace(TotalSpace):
         eye = torch.eye(h, dtype=p.x.dtype, device=p.x.device).expand(*batch, h, h)
         zero = torch.zeros_like(eye)
         C0, D0 = torch.cat([eye, zero], dim=-2), torch.cat([zero, eye], dim=-2)
-        eps_eye = self.eps * eye if self.eps else zero
+        eps_eye = self.relaxation(p) * eye if self.relaxed else zero
 
         def acceleration(CG, CH, DG, DH):
             KCG, KCH, KDG, KDH = KG @ CG, KH @ CH, KG @ DG, KH @ DH
@@ -291,7 +305,7 @@ class GLTotalSpace(TotalSpace):
             cond = (s[..., 0] / s[..., -1]).max().item()
             worst.append((name, cond, not cond**2 < 1 / torch.finfo(F.dtype).eps))
         for name, cond, deficient in worst:
-            if deficient and self.eps == 0:
+            if deficient and not self.relaxed:
                 return False, (
                     f"{name} is rank deficient to {x.dtype} precision (worst condition number "
                     f"{cond:.3e}); compute in float64 or use eps > 0 to relax the geometry"

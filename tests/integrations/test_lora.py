@@ -1,0 +1,179 @@
+"""PEFT LoRA adapters at their initial ``B = 0``: measured and trained with no ``eps`` given.
+
+A tiny random BERT (float64) with PEFT adapters on ``query`` and ``value``, ``B = 0`` as PEFT
+initialises it. Discovery relaxes the adapters' pairs with ``BallDamping()``, ``ε = (ρ/σ̄)²``:
+
+- every measure returns a finite value and leaves the model as it was;
+- as the ball (and with it the relaxation) shrinks, mix sharpness over ``ρ`` and inv sharpness
+  over ``ρ²`` converge (Cauchy ratios of successive differences), the mix limit at least the
+  undamped mix gradient norm ``‖∇_B (A Aᵀ)⁻¹ᐟ²‖`` computed here by hand;
+- with a fixed ball and an absolute relaxation instead, the mix value keeps growing as
+  ``ε → 0``: that limit does not exist;
+- GeodesicSAM (mix and inv) fine-tunes the adapters from ``B = 0`` with a finite, falling loss,
+  each first step moving a factor no farther than its ball allows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+peft = pytest.importorskip("peft")
+pytest.importorskip("transformers")
+
+from quotientgeo import (  # noqa: E402
+    BallDamping,
+    adaptive_sharpness,
+    average_sharpness,
+    find_symmetries,
+    geodesic_sharpness,
+)
+from quotientgeo.optim import GeodesicSAM  # noqa: E402
+from quotientgeo.testing.assertions import assert_same, snapshot  # noqa: E402
+from quotientgeo.testing.models import tiny_bert  # noqa: E402
+
+DT = torch.float64
+
+
+def lora_bert() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"])
+    return peft.get_peft_model(tiny_bert(DT), config).to(DT)
+
+
+def regression_batches(n: int = 1) -> list:
+    gen = torch.Generator().manual_seed(1)
+    return [
+        (torch.randint(0, 40, (8, 10), generator=gen), torch.randn(8, 10, 16, generator=gen))
+        for _ in range(n)
+    ]
+
+
+def regression_loss(model, batch):
+    ids, target = batch
+    return (model(input_ids=ids).last_hidden_state - target.to(DT)).pow(2).mean()
+
+
+def adapters(model) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(lora_A.weight, lora_B.weight)`` of every adapter."""
+    params = dict(model.named_parameters())
+    return [
+        (a, params[name.replace("lora_A", "lora_B")])
+        for name, a in params.items()
+        if "lora_A" in name
+    ]
+
+
+def test_discovery_relaxes_adapters_by_the_ball():
+    model = lora_bert()
+    geometry = find_symmetries(model)
+    assert len(geometry.blocks) == 4
+    assert all(b.manifold.eps == BallDamping() for b in geometry.blocks)
+    assert all(float(b.detach().abs().max()) == 0 for _, b in adapters(model))  # PEFT's B = 0
+
+
+def test_every_measure_is_finite_at_peft_initialisation():
+    model, batches = lora_bert(), regression_batches()
+    before = snapshot(model)
+    values = [
+        geodesic_sharpness(model, regression_loss, batches, rho=0.05, metric=metric, n_iter=4)
+        for metric in ("mix", "inv")
+    ]
+    values.append(adaptive_sharpness(model, regression_loss, batches, rho=0.05, n_iter=4))
+    values.append(average_sharpness(model, regression_loss, batches, rho=0.05, n_samples=4))
+    assert all(math.isfinite(v.value) and v.value > 0 for v in values)
+    assert_same(snapshot(model), before)
+
+
+def undamped_mix_gradient_norm(model, batch) -> float:
+    """``sqrt(Σ tr(∇_B (A Aᵀ)⁻¹ ∇_Bᵀ))``: the mix Riemannian gradient's norm at ``B = 0``, where
+    the gradient of ``A`` vanishes."""
+    model.zero_grad(set_to_none=True)
+    regression_loss(model, batch).backward()
+    total = 0.0
+    for a, b in adapters(model):
+        assert b.grad is not None and a.grad is not None and float(a.grad.abs().max()) == 0
+        total += float(torch.trace(b.grad @ torch.linalg.solve(a @ a.T, b.grad.T)))
+    model.zero_grad(set_to_none=True)
+    return math.sqrt(total)
+
+
+def cauchy(values: list[float]) -> None:
+    """Successive differences shrink at least geometrically (ratio ½ per step of ρ / 4)."""
+    diffs = [abs(x - y) for x, y in itertools.pairwise(values)]
+    assert diffs[1] <= 0.5 * diffs[0], values
+
+
+def test_sharpness_converges_as_the_ball_shrinks():
+    model, batches = lora_bert(), regression_batches()
+    radii = [1e-2, 2.5e-3, 6.25e-4]
+
+    def value(rho, metric):
+        return geodesic_sharpness(
+            model, regression_loss, batches, rho=rho, metric=metric, n_iter=5
+        ).value
+
+    mix = [value(rho, "mix") / rho for rho in radii]
+    inv = [value(rho, "inv") / rho**2 for rho in radii]
+    cauchy(mix)
+    cauchy(inv)
+    # the ball holds the pure-B direction of the undamped gradient (its rotations of A add more)
+    assert mix[-1] >= undamped_mix_gradient_norm(model, batches[0]) * (1 - 1e-3)
+
+
+def test_an_absolute_relaxation_has_no_limit():
+    """At a fixed ball the mix ball reaches ``‖ξ_A‖ = ρ/√ε``: the value grows as ``ε → 0``."""
+    model, batches = lora_bert(), regression_batches()
+    values = [
+        geodesic_sharpness(
+            model, regression_loss, batches, rho=0.05, metric="mix", eps=eps, n_iter=5
+        ).value
+        for eps in (1e-2, 1e-4, 1e-6)
+    ]
+    assert values[0] < values[1] < values[2] and values[2] > 10 * values[0], values
+
+
+@pytest.mark.parametrize("metric", ["mix", "inv"])
+def test_geodesic_sam_fine_tunes_from_b_zero(metric):
+    model, rho = lora_bert(), 0.05
+    ids = torch.randint(0, 40, (16, 10), generator=torch.Generator().manual_seed(2))
+    labels = torch.arange(16) % 3
+
+    def loss():
+        pooled = model(input_ids=ids).last_hidden_state.mean(1)
+        return torch.nn.functional.cross_entropy(3 * pooled[:, :3], labels)
+
+    opt = GeodesicSAM(model, torch.optim.AdamW, rho=rho, metric=metric, lr=1e-2)
+    losses = []
+    for _ in range(12):
+        value = loss()
+        value.backward()
+        losses.append(value.item())
+        start = [(a.detach().clone(), b.detach().clone()) for a, b in adapters(model)]
+        opt.first_step(zero_grad=True)
+        for (a0, b0), (a, b) in zip(start, adapters(model), strict=True):
+            r = a0.shape[0]
+            eps = rho**2 * 2 * r / (a0.pow(2).sum() + b0.pow(2).sum())
+            for before, after in ((a0, a), (b0, b)):
+                move = float((after - before).norm())
+                if metric == "mix":  # the ball's reach in the metric ⪰ ε·I, σ̄ = ρ/√ε
+                    bound = rho / math.sqrt(eps)
+                else:  # tr((FᵀF + εI)⁻¹ ξᵀξ) ≤ ρ²
+                    bound = rho * math.sqrt(torch.linalg.matrix_norm(before, 2) ** 2 + eps)
+                # the second-order map adds its Christoffel term to the step: allow it 10 %
+                assert move <= 1.1 * bound, (move, bound)
+        loss().backward()
+        opt.second_step(zero_grad=True)
+    assert all(math.isfinite(v) for v in losses)
+    assert losses[-1] < 0.9 * losses[0], losses
+
+
+def test_a_zero_adapter_with_eps_zero_names_the_default():
+    model, batches = lora_bert(), regression_batches()
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"lora_B\.default\.weight(.|\n)*BallDamping\(\)"):
+        geodesic_sharpness(model, regression_loss, batches, rho=0.05, eps=0.0, n_iter=2)
+    assert_same(snapshot(model), before)
