@@ -37,7 +37,7 @@ from ..manifolds import (
     RescaleQuotient,
 )
 from ..validation import positive_int
-from .layout import Layout, Source, overlaps
+from .layout import Layout, Region, Source, overlaps
 from .plan import Block, HeadLocation, Kind, Plan, build_plan, n_entries
 from .product import Product, check_product, make_product
 from .transfer import gather, scatter
@@ -65,6 +65,18 @@ def as_sources(spec: Factor) -> tuple[Source, ...]:
     if not out:
         raise ValueError("a factor needs at least one source parameter")
     return tuple(out)
+
+
+def _source_text(src: Source) -> str:
+    """``src`` as a user would write it: the plain name if every field is the default."""
+    changed = [
+        f"{f.name}={getattr(src, f.name)!r}"
+        for f in dataclasses.fields(src)
+        if f.name != "param" and getattr(src, f.name) != f.default
+    ]
+    if not changed:
+        return repr(src.param)
+    return f"Source({', '.join([repr(src.param), *changed])})"
 
 
 class ParameterGeometry:
@@ -135,7 +147,8 @@ class ParameterGeometry:
         regions = tuple(self.layout.resolve(s, heads, label) for f in sources for s in f)
         widths = sorted({r.width for r in regions})
         if len(widths) != 1:
-            raise ValueError(f"{label}: the factors give different head widths {widths}")
+            hint = self._axis_hint(regions, heads, label)
+            raise ValueError(f"{label}: the factors give different head widths {widths}{hint}")
         block = Block(label, manifold, heads, sources, regions)
         ok, reason = manifold._check_shape((heads, *block.shape), "the point")
         if not ok:
@@ -163,6 +176,34 @@ class ParameterGeometry:
         self.blocks.append(block)
         self._plan = None
         return self
+
+    def _axis_hint(self, regions: Sequence[Region], heads: int, label: str) -> str:
+        """For factors of different head widths: the sources that, read along their other
+        axis, would give the width all the other sources share (e.g. a LoRA ``B`` weight
+        ``(out, r)`` given as a plain name instead of ``Source(name, axis=1)``), as a sentence
+        naming the parameter and the fix; ``""`` if none does."""
+        fixes = []
+        for i, region in enumerate(regions):
+            others = {r.width for j, r in enumerate(regions) if j != i}
+            if len(others) != 1:
+                continue
+            src = region.source
+            flipped = dataclasses.replace(src, axis=1 - src.axis)
+            try:
+                width = self.layout.resolve(flipped, heads, label).width
+            except ValueError:
+                continue  # its other axis does not split into the heads either
+            if {width} != others:
+                continue
+            shape = tuple(self.layout.params[region.name].shape)
+            features = "columns" if flipped.axis == 1 else "rows"
+            fixes.append(
+                f"parameter {src.param!r} (shape {shape}) read along axis {src.axis} gives head "
+                f"width {region.width}, along axis {flipped.axis} (its {features} as the heads' "
+                f"features) {width} like the other factors: give {_source_text(flipped)} "
+                f"instead of {_source_text(src)}"
+            )
+        return "; " + "; or ".join(fixes) if fixes else ""
 
     def _join(self, block: Block, touched: list[int], label: str) -> Product:
         """The product of ``block`` with the blocks ``touched`` and their products, checked."""

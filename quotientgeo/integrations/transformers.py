@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer, TrainerCallback, TrainerControl
 
 from ..optim import GeodesicSAM
 from ..options import Perturbation, checked_metric, option
@@ -216,10 +216,24 @@ class SharpnessCallback(TrainerCallback):
     batches, every=50))``: at the start of training (step 0) and after every optimizer step
     whose number is a multiple of ``every``, the measure is evaluated on ``batches`` (at the
     weights ``w``, outside autocast, the model restored bit-exactly) and logged with
-    ``trainer.log({name: value})``: it lands in ``trainer.state.log_history`` and in every
-    reporting integration ``report_to`` names (TensorBoard, W&B, ...). The evaluations are
-    also kept in :attr:`tracker` (``tracker.history``). The trainer is passed in because a
+    ``trainer.log({name: value})``: it lands in ``trainer.state.log_history`` (an entry of its
+    own, ``{name: value, "epoch": ..., "step": ...}``) and in every reporting integration
+    ``report_to`` names (TensorBoard, W&B, ...). The evaluations are also kept in
+    :attr:`tracker` (``tracker.history``). The trainer is passed in because a
     ``TrainerCallback`` has no other way to log through it.
+
+    **The Trainer's own logs are kept.** The Trainer logs ``loss``, ``grad_norm`` and
+    ``learning_rate`` right after ``on_step_end``, and only if ``control.should_log`` is
+    still set (its ``DefaultFlowCallback`` sets it in ``on_step_end`` on every
+    ``logging_steps``-th step). ``trainer.log`` ends in the callbacks' ``on_log``, before
+    which the Trainer clears ``control.should_log``: called as is from ``on_step_end``, it
+    would cancel the Trainer's log of that step, and that step's loss would be averaged into
+    the next logged one. So the callback sets ``control.should_log`` back to what it was
+    before its own log; the Trainer's log entries (and their values) are then those of a
+    Trainer without the callback. Merging the value into the Trainer's next entry in
+    ``on_log`` instead would miss ``log_history`` (the Trainer appends a copy of the entry
+    before ``on_log``) and the integrations called before this callback, and would file the
+    value under a later step when ``every`` is not a multiple of ``logging_steps``.
 
     Args:
         trainer: the ``Trainer`` the callback is added to (any ``Trainer``, not only
@@ -253,7 +267,9 @@ class SharpnessCallback(TrainerCallback):
             measure, model_loss if loss_fn is None else loss_fn, batches, every=every, name=name
         )
 
-    def _log(self, model: nn.Module | None, step: int) -> None:
+    def _log(self, model: nn.Module | None, step: int, control: TrainerControl) -> TrainerControl:
+        """Measure at ``step`` if due and log the value; returns the Trainer's control with
+        ``should_log`` as it was before (class docstring)."""
         model = self.trainer.model if model is None else model
         if not isinstance(model, nn.Module):
             raise RuntimeError("SharpnessCallback found no model to measure")
@@ -263,11 +279,18 @@ class SharpnessCallback(TrainerCallback):
                 "with trainer.add_callback(SharpnessCallback(trainer, ...))"
             )
         tracked = self.tracker(model, step)
-        if tracked is not None:
-            self.trainer.log({self.tracker.name: tracked.value})
+        if tracked is None:
+            return control
+        trainer_logs_this_step = control.should_log
+        self.trainer.log({self.tracker.name: tracked.value})
+        # Trainer.log replaces trainer.control by what the on_log callbacks return (the same
+        # object, its should_log cleared, unless a callback returns another)
+        control = self.trainer.control
+        control.should_log = control.should_log or trainer_logs_this_step
+        return control
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self._log(model, state.global_step)
+        return self._log(model, state.global_step, control)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        self._log(model, state.global_step)
+        return self._log(model, state.global_step, control)

@@ -5,15 +5,20 @@
   perturbation, both norms, worst-case (with restarts) and average measures;
 - the same user block is invariant along its own orbits, while adaptive sharpness is not;
 - ``ScaleQuotient`` blocks of weights feeding a LayerNorm are measured and invariant;
-- declarations are validated, naming the block, and a refused one changes nothing.
+- declarations are validated, naming the block, and a refused one changes nothing; factors of
+  different head widths name the parameter that would fit if read along its other axis, and
+  that fix is accepted.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
 from torch import nn
 
 from quotientgeo import (
@@ -232,3 +237,71 @@ def test_add_validates_and_names_the_block():
     assert geometry.summary() == before and [b.label for b in geometry.blocks] == ["units"]
     geometry.add(ScaleQuotient(1), "fc2.bias")  # still accepts a valid block
     assert len(geometry.blocks) == 2
+
+
+class LoRA(nn.Module):
+    """A LoRA adapter ``B A``: ``lora_A.weight`` ``(r, d_in)``, ``lora_B.weight`` ``(d_out, r)``;
+    its GL(r) pair is ``add_gl_pair(Source("lora_B.weight", axis=1), "lora_A.weight")``."""
+
+    def __init__(self, d_in: int, d_out: int, r: int, bias: bool = False):
+        super().__init__()
+        self.lora_A = nn.Linear(d_in, r, bias=bias)
+        self.lora_B = nn.Linear(r, d_out, bias=False)
+
+
+@given(r=st.integers(1, 4), d_in=st.integers(5, 9), d_out=st.integers(5, 9), bias=st.booleans())
+def test_a_factor_given_along_the_wrong_axis_is_named_with_its_fix(r, d_in, d_out, bias):
+    """LoRA's ``B`` given as a plain name: the error names it, its shape and the fix, and only
+    it; the fixed declaration is accepted."""
+    assume(d_in != d_out)  # else A read along axis 1 would fit too (next test)
+    geometry = ParameterGeometry(LoRA(d_in, d_out, r, bias).to(DT))
+    h = ["lora_A.weight", "lora_A.bias"] if bias else "lora_A.weight"
+    message = (
+        f"GL pair 0: the factors give different head widths {[r, d_out]}; parameter "
+        f"'lora_B.weight' (shape ({d_out}, {r})) read along axis 0 gives head width {d_out}, "
+        f"along axis 1 (its columns as the heads' features) {r} like the other factors: "
+        "give Source('lora_B.weight', axis=1) instead of 'lora_B.weight'"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        geometry.add_gl_pair("lora_B.weight", h)
+    assert not geometry.blocks
+    geometry.add_gl_pair(Source("lora_B.weight", axis=1), h)
+    assert [k.shape for k in geometry.kinds] == [(d_out + d_in + bias, r)]
+
+
+@pytest.mark.parametrize(
+    "model, g, h, tail",
+    [
+        (  # given along axis 1, read along axis 0: the plain name is the fix
+            LoRA(6, 8, 2),
+            Source("lora_B.weight", axis=1),
+            Source("lora_A.weight", axis=1),
+            "give 'lora_A.weight' instead of Source('lora_A.weight', axis=1)",
+        ),
+        (  # the source's other fields are kept
+            LoRA(6, 8, 2),
+            Source("lora_B.weight", rows=(0, 4)),
+            "lora_A.weight",
+            "give Source('lora_B.weight', axis=1, rows=(0, 4)) instead of "
+            "Source('lora_B.weight', rows=(0, 4))",
+        ),
+        (  # d_in == d_out: either factor read along its other axis fits, both are named
+            LoRA(8, 8, 2),
+            "lora_B.weight",
+            "lora_A.weight",
+            "give Source('lora_B.weight', axis=1) instead of 'lora_B.weight'; or parameter "
+            "'lora_A.weight' (shape (2, 8)) read along axis 0 gives head width 2, along axis 1 "
+            "(its columns as the heads' features) 8 like the other factors: give "
+            "Source('lora_A.weight', axis=1) instead of 'lora_A.weight'",
+        ),
+        (  # no factor fits along its other axis: the widths only
+            nn.Sequential(nn.Linear(5, 6), nn.Linear(3, 7)),
+            "0.weight",
+            "1.weight",
+            "the factors give different head widths [6, 7]",
+        ),
+    ],
+)
+def test_the_width_error_names_every_factor_that_fits_along_its_other_axis(model, g, h, tail):
+    with pytest.raises(ValueError, match=f"{re.escape(tail)}$"):
+        ParameterGeometry(model.to(DT)).add_gl_pair(g, h)

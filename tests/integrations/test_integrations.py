@@ -84,13 +84,16 @@ def collate(chunk: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {k: torch.stack([s[k] for s in chunk]) for k in chunk[0]}
 
 
-def arguments(tmp_path, steps: int, batch: int, accumulation: int = 1, **kw) -> TrainingArguments:
+def arguments(
+    tmp_path, steps: int, batch: int, accumulation: int = 1, logging_steps: int = 1, **kw
+) -> TrainingArguments:
     return TrainingArguments(
         output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], save_strategy="no",
         max_steps=steps, per_device_train_batch_size=batch,
         gradient_accumulation_steps=accumulation, learning_rate=LR, weight_decay=0.0,
         optim="adamw_torch", lr_scheduler_type="linear", warmup_steps=0, max_grad_norm=CLIP,
-        train_sampling_strategy="sequential", logging_steps=1, disable_tqdm=True, seed=0, **kw,
+        train_sampling_strategy="sequential", logging_steps=logging_steps, disable_tqdm=True,
+        seed=0, **kw,
     )  # fmt: skip
 
 
@@ -417,6 +420,43 @@ def test_callback_logs_direct_values_and_leaves_training_unchanged(kind, trainer
     logged = [(h["step"], h[name]) for h in trainer.state.log_history if name in h]
     assert logged == expected
     assert [(t.step, t.value) for t in callback.tracker.history] == logged
+
+
+@pytest.mark.parametrize("logging_steps", [2, 3, 1])
+def test_callback_keeps_the_trainers_own_log_entries(logging_steps, tmp_path):
+    """The loss, grad_norm and learning_rate entries of a Trainer without the callback are all
+    there with the same values, whether the sharpness steps (every 2) are the logging steps
+    or not; the sharpness entries come at steps 0, 2, 4, 6."""
+    data, steps = samples(24), 6
+
+    def trained(name: str, callback: bool) -> Trainer:
+        trainer = Trainer(
+            model=model_of("bert"), train_dataset=data,
+            args=arguments(tmp_path / name, steps, 4, logging_steps=logging_steps),
+        )  # fmt: skip
+        if callback:
+            measure = MEASURES["adaptive"]
+            trainer.add_callback(SharpnessCallback(trainer, measure, [collate(data[:4])], every=2))
+        trainer.train()
+        return trainer
+
+    plain, logged = trained("plain", False), trained("logged", True)
+
+    def own_entries(trainer: Trainer) -> list[dict]:
+        return [h for h in trainer.state.log_history if "loss" in h]
+
+    expected = own_entries(plain)
+    assert [h["step"] for h in expected] == list(range(logging_steps, steps + 1, logging_steps))
+    assert own_entries(logged) == expected
+    train_loss = [h["train_loss"] for h in plain.state.log_history if "train_loss" in h]
+    assert [h["train_loss"] for h in logged.state.log_history if "train_loss" in h] == train_loss
+
+    name = f"sharpness/{MEASURES['adaptive'].name}"
+    sharpness = [h for h in logged.state.log_history if name in h]
+    assert [h["step"] for h in sharpness] == [0, 2, 4, 6]
+    assert all(set(h) == {name, "epoch", "step"} for h in sharpness)
+    (callback,) = [c for c in logged.callback_handler.callbacks if isinstance(c, SharpnessCallback)]
+    assert [h[name] for h in sharpness] == [t.value for t in callback.tracker.history]
 
 
 def test_callback_must_log_to_its_own_trainer(tmp_path):
