@@ -4,11 +4,14 @@
   Riemannian preconditioned SGD on every parameter (LoRA ``B`` random or zero);
 - the step on a partly covered parameter: blocks on the manifold, the rest Euclidean, against
   an independent scatter of the expected points;
-- one SGD step and a few Adam steps commute with the group action: a model moved along its
-  orbits keeps its function after them (not with plain SGD);
+- SGD (with momentum started at zero) and Adam steps follow their formulas: heavy ball and
+  per-head metric second moments with moments transported by projection; the rest as torch's
+  SGD and Adam;
+- the steps commute with the group action: a model moved along its orbits keeps its function
+  after them (not with plain SGD, nor on LoRA with PEFT's preconditioned AdamW);
 - RiemannianAdam trains a LoRA model that stays a plain PEFT model (state dict keys,
-  ``merge_and_unload``); state dicts round-trip; ``zero_grad``, missing gradients, hooks,
-  schedulers and bad input.
+  ``merge_and_unload``); state dicts round-trip; ``zero_grad``, missing gradients, half
+  precision, hooks, schedulers and bad input.
 """
 
 from __future__ import annotations
@@ -217,6 +220,40 @@ def test_steps_commute_with_the_group_action(optimizer_cls, kw, steps, seed):
     assert before > 1e-3  # the steps changed the function
 
 
+def test_on_lora_riemannian_adam_commutes_with_the_group_action_and_peft_adamw_does_not():
+    """A LoRA model (``B`` random, so ``eps = reg = 0`` is defined) moved by ``(B M⁻¹, M A)`` per
+    adapter: two RiemannianAdam steps keep one function with the unmoved model; PEFT's
+    preconditioned AdamW, with the same preconditioner and element-wise moments, does not."""
+    model = lora_bert(0, 4, random_b=True)
+    moved = moved_along_orbits(model, scale=2.0, seed=3)
+    batch = token_batch(0)
+    ids = batch[0]
+
+    def gap(a, b):
+        with torch.no_grad():
+            ya, yb = a(input_ids=ids).logits, b(input_ids=ids).logits
+        return float((ya - yb).abs().max() / ya.abs().max())
+
+    assert gap(model, moved) < 1e-12
+    ours = [copy.deepcopy(m) for m in (model, moved)]
+    theirs = [copy.deepcopy(m) for m in (model, moved)]
+    for m in ours:
+        opt = quotient_optimizer(m, ADAM, lr=1e-2, eps=0.0)
+        for _ in range(2):
+            bert_loss(m, batch).backward()
+            opt.step()
+            opt.zero_grad()
+    for m in theirs:
+        opt = create_riemannian_optimizer(m, torch.optim.AdamW, lr=1e-2, reg=0.0)
+        for _ in range(2):
+            bert_loss(m, batch).backward()
+            opt.step()
+            opt.zero_grad()
+    assert gap(*ours) < 1e-9
+    assert gap(*theirs) > 1e-4
+    assert gap(ours[0], model) > 1e-4  # the steps changed the function
+
+
 def test_euclidean_sgd_does_not_commute_with_the_group_action():
     model, batch = transformer()
     moved = moved_along_orbits(model, scale=2.0, seed=7)
@@ -268,6 +305,51 @@ def test_sgd_momentum_is_heavy_ball_on_the_points_and_torch_sgd_on_the_rest():
         expected = a - lr * (mu * m.proju(a, ra) + rb)
         torch.testing.assert_close(b, expected, rtol=1e-13, atol=1e-15)
     torch.testing.assert_close(w2, w1 - lr * (mu * g0 + g1), rtol=1e-13, atol=1e-15)
+
+
+def test_adam_moments_are_metric_norms_per_head_and_transported():
+    """Two RiemannianAdam steps against the formulas of docs/optim.md: per head the second
+    moment averages the metric square norm ``<grad, grad>_x`` (one number), the first moment
+    averages Riemannian gradients and is carried to the new point by horizontal projection;
+    the rest steps as ``torch.optim.Adam``."""
+    model, batch = transformer()
+    twin = copy.deepcopy(model)
+    lr, (b1, b2), eps = 0.02, (0.8, 0.9), 1e-8
+    opt = quotient_optimizer(model, ADAM, lr=lr, betas=(b1, b2), eps=eps)
+    geometry = opt.geometry
+    manifolds = [k.manifold for k in geometry.kinds]
+
+    def read():
+        points, w = geometry.gather()
+        grads, _ = geometry.gather({n: p.grad for n, p in geometry.params.items()})
+        rgrads = [m.egrad2rgrad(x, gx) for m, x, gx in zip(manifolds, points, grads, strict=True)]
+        norms = [
+            m.inner(x, r, keepdim=True) for m, x, r in zip(manifolds, points, rgrads, strict=True)
+        ]
+        return points, w, rgrads, norms
+
+    cross_entropy(model, batch).backward()
+    x0, _, r0, n0 = read()
+    opt.step()
+    opt.zero_grad()
+    cross_entropy(model, batch).backward()
+    x1, w1, r1, n1 = read()
+    for a, b, r, n in zip(x0, x1, r0, n0, strict=True):
+        assert n.shape == (a.shape[0], 1, 1)  # one number per head
+        torch.testing.assert_close(b, a - lr * r / (n.sqrt() + eps), rtol=1e-12, atol=1e-14)
+    opt.step()
+    x2, _ = geometry.gather()
+    for m, a, b, ra, rb, na, nb in zip(manifolds, x1, x2, r0, r1, n0, n1, strict=True):
+        first = b1 * m.proju(a, (1 - b1) * ra) + (1 - b1) * rb
+        second = b2 * (1 - b2) * na + (1 - b2) * nb
+        step = (first / (1 - b1**2)) / ((second / (1 - b2**2)).sqrt() + eps)
+        torch.testing.assert_close(b, a - lr * step, rtol=1e-12, atol=1e-14)
+    # the rest: torch's Adam (one step: from here on the block weights differ)
+    reference = torch.optim.Adam(twin.parameters(), lr=lr, betas=(b1, b2), eps=eps)
+    cross_entropy(twin, batch).backward()
+    reference.step()
+    _, w_twin = find_symmetries(twin, warn=False).gather()
+    torch.testing.assert_close(w1, w_twin, rtol=1e-13, atol=1e-15)
 
 
 # ---------------------------------------------------------------------- training a PEFT model
@@ -431,6 +513,17 @@ def test_errors():
         quotient_optimizer(model, SGD, lr=0.1, metric="euclid")
     with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
         quotient_optimizer("model", SGD, lr=0.1)  # type: ignore[arg-type]
+    # a factor that becomes rank deficient during training: located, weights unchanged
+    model, batch = transformer()
+    opt = quotient_optimizer(model, SGD, lr=0.1, eps=0.0)
+    cross_entropy(model, batch).backward()
+    with torch.no_grad():
+        model.encoder.layers[1].self_attn.out_proj.weight[:, 4:8] = 0.0  # head 1's H of VO
+    before = every_parameter(model)
+    with pytest.raises(ValueError, match=r"(?s)rank-deficient.*layer 1.*head 1.*unchanged"):
+        opt.step()
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]), name
     lora = lora_bert(0, 4, random_b=False)  # B = 0: P = GᵀG = 0 without relaxation
     before = every_parameter(lora)
     with pytest.raises(ValueError, match=r"(?s)rank-deficient.*lora_B.*eps > 0") as info:
