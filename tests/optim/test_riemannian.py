@@ -10,7 +10,8 @@
 - the steps commute with the group action: a model moved along its orbits keeps its function
   after them (not with plain SGD, nor on LoRA with PEFT's preconditioned AdamW);
 - RiemannianAdam trains a LoRA model that stays a plain PEFT model (state dict keys,
-  ``merge_and_unload``); state dicts round-trip; ``zero_grad``, missing gradients, half
+  ``save_pretrained``, ``merge_and_unload``); weights loaded between steps are where the next
+  step starts; state dicts round-trip; ``zero_grad``, missing gradients, half
   precision, hooks, schedulers and bad input.
 """
 
@@ -353,7 +354,7 @@ def test_adam_moments_are_metric_norms_per_head_and_transported():
 
 
 # ---------------------------------------------------------------------- training a PEFT model
-def test_riemannian_adam_trains_a_lora_model_that_stays_a_peft_model():
+def test_riemannian_adam_trains_a_lora_model_that_stays_a_peft_model(tmp_path):
     model = lora_bert(0, 4, random_b=False)
     keys = list(model.state_dict())
     batch = token_batch(3, n=12)
@@ -372,6 +373,13 @@ def test_riemannian_adam_trains_a_lora_model_that_stays_a_peft_model():
     assert all(type(p) is nn.Parameter for p in model.parameters())
     with torch.no_grad():
         adapted = model(input_ids=batch[0]).logits
+        model.save_pretrained(tmp_path)
+        fresh = lora_bert(0, 4, random_b=False)  # the same base model
+        fresh.load_adapter(tmp_path, adapter_name="trained")
+        fresh.set_adapter("trained")
+        torch.testing.assert_close(
+            fresh(input_ids=batch[0]).logits, adapted, rtol=1e-12, atol=1e-14
+        )
         merged = model.merge_and_unload()
         torch.testing.assert_close(
             merged(input_ids=batch[0]).logits, adapted, rtol=1e-10, atol=1e-12
@@ -409,6 +417,22 @@ def test_state_dict_round_trips():
         twin.encoder.layers[0].self_attn.in_proj_weight,
         fresh_model.encoder.layers[0].self_attn.in_proj_weight,
     )
+
+
+def test_weights_loaded_between_steps_are_where_the_next_step_starts():
+    model, batch = transformer(0)
+    opt = quotient_optimizer(model, SGD, lr=0.1)
+    cross_entropy(model, batch).backward()
+    opt.step()
+    opt.zero_grad()
+    checkpoint, _ = transformer(1)
+    model.load_state_dict(checkpoint.state_dict())
+    reference = quotient_optimizer(checkpoint, SGD, lr=0.1)
+    for m, o in ((model, opt), (checkpoint, reference)):
+        cross_entropy(m, batch).backward()
+        o.step()
+    for (name, a), b in zip(model.named_parameters(), checkpoint.parameters(), strict=True):
+        assert torch.equal(a, b), name
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])
