@@ -38,6 +38,7 @@ from ..geometry import shards as sh
 from ..geometry.diagnosis import Diagnosis
 from ..geometry.symmetries import geometry_of
 from ..geometry.transfer import gather_blocks, write_blocks_
+from ..manifolds import BallDamping, QuotientManifold
 from ..options import checked_metric
 
 with warnings.catch_warnings():
@@ -50,9 +51,13 @@ with warnings.catch_warnings():
 
 Tensor = torch.Tensor
 
-__all__ = ["QuotientOptimizer", "quotient_optimizer"]
+__all__ = ["TRAINING_EPS", "QuotientOptimizer", "quotient_optimizer"]
 
 UNCHANGED = "the model's weights are unchanged"
+#: The Gram relaxation of blocks declared with ``BallDamping()`` (LoRA adapters), whose scale is
+#: a sharpness ball's radius: an optimizer has no ball, so they train with PEFT's default
+#: ``reg`` of ``create_riemannian_optimizer``.
+TRAINING_EPS = 1e-2
 
 
 class QuotientOptimizer(torch.optim.Optimizer):
@@ -142,7 +147,7 @@ class QuotientOptimizer(torch.optim.Optimizer):
             geometry.params[n] for n in geometry.symmetric_names if n not in partial
         ]
         self._diagnosis = Diagnosis(
-            geometry, [k.manifold for k in plan.kinds], geometry.gather, UNCHANGED
+            geometry, [trained(k.manifold) for k in plan.kinds], geometry.gather, UNCHANGED
         )
         super().__init__(params, **kwargs)
 
@@ -281,7 +286,10 @@ def quotient_optimizer(
             is ``(∇_G Q⁻¹, ∇_H P⁻¹)`` for ``"mix"`` and ``(∇_G P, ∇_H Q)`` for ``"inv"``.
         eps: Gram relaxation of the GL metrics (``None``: the declared one). A LoRA adapter
             whose ``B`` starts at zero (PEFT's default) has ``P = eps·I``: it needs
-            ``eps > 0``.
+            ``eps > 0``. Discovery declares LoRA pairs with
+            :class:`~quotientgeo.BallDamping`, whose scale is a sharpness ball; with
+            ``eps=None`` they train with :data:`TRAINING_EPS` ``= 1e-2``, PEFT's default
+            ``reg``.
         **kwargs: the optimizer's arguments (``lr``, ``momentum``, ``betas``,
             ``weight_decay``, ``stabilize``, …), for both groups; change a group's
             afterwards through ``opt.param_groups``.
@@ -330,6 +338,15 @@ def quotient_optimizer(
     return _subclass(optimizer_cls)(groups, model=model, geometry=geometry, points=points, **kwargs)
 
 
+def trained(manifold: QuotientManifold) -> QuotientManifold:
+    """``manifold`` as an optimizer steps it: relaxed by :data:`TRAINING_EPS` where it was
+    declared with ``BallDamping()`` (a sharpness ball's scale, which an optimizer lacks)."""
+    eps = getattr(manifold, "eps", None)
+    if isinstance(eps, BallDamping) and eps.radius is None:
+        return manifold.with_metric(manifold.metric_name, eps=TRAINING_EPS)  # type: ignore[arg-type]
+    return manifold
+
+
 def _points(geometry: ParameterGeometry) -> list[geoopt.ManifoldParameter]:
     """One :class:`geoopt.ManifoldParameter` per kind, gathered from the weights; a point
     the kind's manifold refuses raises the error that names its block, layer and head."""
@@ -337,10 +354,13 @@ def _points(geometry: ParameterGeometry) -> list[geoopt.ManifoldParameter]:
     points = []
     for ki, kind in enumerate(plan.kinds):
         x = gather_blocks(plan, ki, range(len(kind.blocks)), geometry.params, dtype)
-        ok, reason = kind.manifold._check_point_on_manifold(x)
+        ok, reason = trained(kind.manifold)._check_point_on_manifold(x)
         if not ok:
             diagnosis = Diagnosis(
-                geometry, [k.manifold for k in plan.kinds], geometry.gather, "nothing was built"
+                geometry,
+                [trained(k.manifold) for k in plan.kinds],
+                geometry.gather,
+                "nothing was built",
             )
             located = diagnosis.rank_deficient() if x.isfinite().all() else diagnosis.non_finite()
             raise located or ValueError(
@@ -348,5 +368,5 @@ def _points(geometry: ParameterGeometry) -> list[geoopt.ManifoldParameter]:
                 f"{reason}"
             )
         # geoopt's __new__ takes the manifold; pyright checks the call against Parameter's
-        points.append(geoopt.ManifoldParameter(x, manifold=kind.manifold))  # pyright: ignore[reportCallIssue]
+        points.append(geoopt.ManifoldParameter(x, manifold=trained(kind.manifold)))  # pyright: ignore[reportCallIssue]
     return points

@@ -177,3 +177,26 @@ def test_a_zero_adapter_with_eps_zero_names_the_default():
     with pytest.raises(ValueError, match=r"lora_B\.default\.weight(.|\n)*BallDamping\(\)"):
         geodesic_sharpness(model, regression_loss, batches, rho=0.05, eps=0.0, n_iter=2)
     assert_same(snapshot(model), before)
+
+
+def test_geoopt_training_defaults_are_pefts():
+    """With no ``eps``, the adapters train with PEFT's default ``reg``: one mix
+    ``RiemannianSGD`` step from ``B = 0`` is PEFT's Riemannian SGD step with its defaults."""
+    import geoopt
+    from peft.optimizers import create_riemannian_optimizer
+
+    from quotientgeo.optim import quotient_optimizer
+
+    ours, theirs = lora_bert(), lora_bert()
+    batch = regression_batches()[0]
+    steps = [
+        quotient_optimizer(ours, geoopt.optim.RiemannianSGD, lr=0.5),
+        create_riemannian_optimizer(theirs, torch.optim.SGD, lr=0.5),
+    ]
+    for model, opt in zip((ours, theirs), steps, strict=True):
+        regression_loss(model, batch).backward()
+        opt.step()
+    moved = dict(theirs.named_parameters())
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p, moved[name], rtol=0, atol=1e-12)
+    assert any(float(b.detach().abs().max()) > 0 for _, b in adapters(ours))
