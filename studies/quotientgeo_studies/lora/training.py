@@ -32,7 +32,8 @@ SAM_ARMS = ("sam", "geodesic_sam")
 class ArmSettings:
     """The arms' settings other than the learning rate: ``rho`` of both SAM arms, the damping
     ``reg`` of PEFT's Riemannian preconditioner, the Gram relaxation ``quotient_eps`` of the
-    quotient optimizer's ``GL(r)`` metric."""
+    quotient optimizer's ``GL(r)`` metric, the weight decay of the arms built on AdamW (the
+    quotient optimizer's Adam has none by default)."""
 
     rho: float = 0.1
     reg: float = 1e-2
@@ -79,8 +80,7 @@ def optimizer(arm: str, model: nn.Module, lr: float, s: ArmSettings) -> torch.op
             lr=lr,
             metric="mix",
             eps=s.quotient_eps,
-            weight_decay=wd,
-        )
+        )  # RiemannianAdam is torch's Adam underneath: weight decay 0 by default
     if arm == "sam":
         return GeodesicSAM(
             model, torch.optim.AdamW, rho=s.rho, variant="sam", lr=lr, weight_decay=wd
