@@ -9,13 +9,18 @@ from typing import Any
 
 from .. import _common as C
 from .analyse import AXES, Analysis, Comparison
-from .config import MEASURES, REFERENCE_ARM, Config
+from .config import MEASURES, Config
 from .figures import figure, key
 from .model import SCOPES
 
 
 def _cell(mean: float, sd: float) -> str:
     return f"{mean:.3f} ± {sd:.3f}" if sd == sd else f"{mean:.3f}"  # sd is NaN for one seed
+
+
+def _difference(c: Comparison) -> str:
+    se = c.standard_error
+    return f"{c.difference:+.3f}" + (f" ± {se:.3f}" if se == se else "") + (" *" if c.beats else "")
 
 
 def print_accuracy(config: Config, a: Analysis) -> None:
@@ -35,10 +40,7 @@ def print_accuracy(config: Config, a: Analysis) -> None:
                 ),
                 f"{r.worst:.3f} ({r.worst_lr:.2g})",
                 f"{r.range:.3f}",
-                "—"
-                if worst is None
-                else f"{worst.difference:+.3f} ± {worst.standard_error:.3f}"
-                + (" *" if worst.beats else ""),
+                "—" if worst is None else _difference(worst),
             ]
         )
     C.print_table(
@@ -165,7 +167,6 @@ def payload(config: Config, a: Analysis) -> dict[str, Any]:
         "models": models,
         "ranks": records.ranks,
         "seconds": {**records.seconds, "total": time.perf_counter() - records.started},
-        "reference_arm": REFERENCE_ARM,
     }
 
 
