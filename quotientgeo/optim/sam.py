@@ -212,6 +212,12 @@ class GeodesicSAM(torch.optim.Optimizer):
         if zero_grad:
             self.zero_grad()
 
+    @property
+    def manifolds(self) -> list[QuotientManifold]:
+        """Each kind's manifold as the current ball perturbs it (a LoRA pair's
+        ``BallDamping()`` with this optimizer's ``rho``)."""
+        return self.space.manifolds
+
     @torch.no_grad()
     def restore(self) -> None:
         """Put back, bit-exactly, the weights that :meth:`first_step` moved, and step nothing

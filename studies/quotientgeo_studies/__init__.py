@@ -10,7 +10,7 @@ point ``reproduce`` of the group ``quotientgeo.commands`` (``studies/pyproject.t
 
 from __future__ import annotations
 
-from . import diagonal, invariance, modular, rho_sweep, sam, toy, transformers
+from . import diagonal, invariance, lora, modular, rho_sweep, sam, toy, transformers
 
 HELP = "reproduce the paper's experiments"
 
@@ -22,4 +22,5 @@ COMMANDS = {
     "rho-sweep": (rho_sweep.add_arguments, rho_sweep.run),
     "sam": (sam.add_arguments, sam.run),
     "modular": (modular.add_arguments, modular.run),
+    "lora": (lora.add_arguments, lora.run),
 }

@@ -106,16 +106,22 @@ class FineTuning:
 
 
 def training_labels(cfg: FineTuning, y: Tensor) -> Tensor:
-    """The pool labels ``y`` as member ``cfg`` is trained on: point ``i`` gets a wrong class
-    (uniform among the other four) where ``u_i < cfg.label_noise``, with ``u_i`` uniform and
-    the wrong class both drawn from a generator seeded by ``cfg.seed`` over the whole pool, so
-    the corrupted points of a larger noise level contain those of a smaller one, and a subset
-    (the pool's first entries) keeps the labels it has in the full pool."""
-    gen = torch.Generator().manual_seed(cfg.seed)
+    """The pool labels ``y`` as member ``cfg`` is trained on:
+    ``noisy_labels(y, cfg.label_noise, cfg.seed)``."""
+    return noisy_labels(y, cfg.label_noise, cfg.seed)
+
+
+def noisy_labels(y: Tensor, noise: float, seed: int) -> Tensor:
+    """The pool labels ``y`` with noise ``noise``: point ``i`` gets a wrong class (uniform among
+    the other four) where ``u_i < noise``, with ``u_i`` uniform and the wrong class both drawn
+    from a generator seeded by ``seed`` over the whole pool, so the corrupted points of a larger
+    noise level contain those of a smaller one, and a subset (the pool's first entries) keeps
+    the labels it has in the full pool."""
+    gen = torch.Generator().manual_seed(seed)
     u = torch.rand(len(y), generator=gen)
     shift = torch.randint(1, len(FINETUNE_CLASSES), (len(y),), generator=gen)
     wrong = (y + shift) % len(FINETUNE_CLASSES)
-    return torch.where(u < cfg.label_noise, wrong, y)
+    return torch.where(u < noise, wrong, y)
 
 
 def population(n_models: int, seed: int, *, quick: bool = False) -> list[FineTuning]:
@@ -176,13 +182,16 @@ def grid_population(
     return recipes
 
 
-def _key(*parts) -> str:
+def cache_key(*parts) -> str:
+    """A short hash of ``parts`` (dataclasses as dicts) and :data:`CACHE_VERSION`: the name of
+    a cached model."""
     blob = json.dumps([*parts, CACHE_VERSION], sort_keys=True, default=asdict)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
-def _cached(path: Path, make):
-    """``torch.load(path)``, or ``make()`` saved there first (atomically)."""
+def load_or_make(path: Path, make):
+    """``(torch.load(path), True)``, or ``(make(), False)`` with ``make()`` saved there first
+    (atomically)."""
     if path.exists():
         return torch.load(path, map_location="cpu", weights_only=True), True
     blob = make()
@@ -195,7 +204,7 @@ def _cached(path: Path, make):
 
 def pretrained(cfg: Pretraining, data: dict[str, Tensor], cache: Path) -> dict:
     """``{"state_dict", "metrics", "key"}`` of the model pretrained on the digits 0–4."""
-    key = _key(cfg, len(data["y_pretrain"]))
+    key = cache_key(cfg, len(data["y_pretrain"]))
 
     def make():
         torch.manual_seed(cfg.seed)
@@ -217,7 +226,7 @@ def pretrained(cfg: Pretraining, data: dict[str, Tensor], cache: Path) -> dict:
             "metrics": {"train_error": _vit.error(model, x, y)},
         }
 
-    blob, _ = _cached(cache / f"pretrained-{key}.pt", make)
+    blob, _ = load_or_make(cache / f"pretrained-{key}.pt", make)
     return {**blob, "key": key}
 
 
@@ -262,8 +271,8 @@ def finetuned(
         }
         return {"state_dict": model.state_dict(), "metrics": metrics}
 
-    blob, cached = _cached(
-        cache / f"finetuned-{_key(cfg, base['key'], len(data['y_train']))}.pt", make
+    blob, cached = load_or_make(
+        cache / f"finetuned-{cache_key(cfg, base['key'], len(data['y_train']))}.pt", make
     )
     model = build()
     model.load_state_dict(blob["state_dict"])
