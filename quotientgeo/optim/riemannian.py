@@ -288,7 +288,7 @@ def quotient_optimizer(
             whose ``B`` starts at zero (PEFT's default) has ``P = eps·I``: it needs
             ``eps > 0``. Discovery declares LoRA pairs with
             :class:`~quotientgeo.BallDamping`, whose scale is a sharpness ball; with
-            ``eps=None`` they train with :data:`TRAINING_EPS` ``= 1e-2``, PEFT's default
+            ``eps=None`` they train with ``TRAINING_EPS`` ``= 1e-2``, PEFT's default
             ``reg``.
         **kwargs: the optimizer's arguments (``lr``, ``momentum``, ``betas``,
             ``weight_decay``, ``stabilize``, …), for both groups; change a group's
@@ -339,7 +339,7 @@ def quotient_optimizer(
 
 
 def trained(manifold: QuotientManifold) -> QuotientManifold:
-    """``manifold`` as an optimizer steps it: relaxed by :data:`TRAINING_EPS` where it was
+    """``manifold`` as an optimizer steps it: relaxed by ``TRAINING_EPS`` where it was
     declared with ``BallDamping()`` (a sharpness ball's scale, which an optimizer lacks)."""
     eps = getattr(manifold, "eps", None)
     if isinstance(eps, BallDamping) and eps.radius is None:

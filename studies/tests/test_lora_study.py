@@ -22,10 +22,7 @@ from quotientgeo_studies.lora.analyse import AXES, analyse
 
 # arms whose library side is still being written, and the error each raises until it lands;
 # take an arm out when it does (its strict xfail below then fails to remind you)
-PENDING = {
-    "quotient_adam": (ImportError, "quotientgeo.optim.quotient_optimizer (branch geoopt)"),
-    "geodesic_sam": (ValueError, "GeodesicSAM's default mix metric at PEFT's initial B = 0"),
-}
+PENDING: dict[str, tuple[type[Exception], str]] = {}
 RUNNABLE = tuple(arm for arm in ARMS if arm not in PENDING)
 
 PRE = _finetune.Pretraining(width=16)
