@@ -15,8 +15,10 @@ initialises it. Discovery relaxes the adapters' pairs with ``BallDamping()``, ``
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
+import warnings
 
 import pytest
 import torch
@@ -200,3 +202,29 @@ def test_geoopt_training_defaults_are_pefts():
     for name, p in ours.named_parameters():
         torch.testing.assert_close(p, moved[name], rtol=0, atol=1e-12)
     assert any(float(b.detach().abs().max()) > 0 for _, b in adapters(ours))
+
+
+def test_adapters_in_a_fused_encoder_layer_are_warned():
+    """``nn.TransformerEncoderLayer``'s fused inference path ignores adapters on its linears:
+    discovery says so, and the warned hook makes the eval-mode output see them."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    model = peft.get_peft_model(
+        torch.nn.Sequential(layer), peft.LoraConfig(r=2, target_modules=["linear1"])
+    ).eval()
+    for _, b in adapters(model):
+        torch.nn.init.normal_(b)
+    x = torch.randn(3, 5, 8)
+    merged = copy.deepcopy(model).merge_and_unload()
+    with torch.no_grad():
+        fused, expected = model(x), merged(x)
+    assert not torch.allclose(fused, expected, atol=1e-4)  # the adapter is ignored
+    with pytest.warns(UserWarning, match="fused fast path"):
+        find_symmetries(model)
+    layer.register_forward_pre_hook(lambda *a: None)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        find_symmetries(model)  # hooked: no fast path to warn about
+    assert not [w for w in caught if "fused fast path" in str(w.message)]

@@ -36,7 +36,18 @@ from .findings import AttentionFinding
 __all__ = ["Rules"]
 
 NORMS = ("RMSNorm", "LayerNorm")
+#: torch layers whose fused inference path (``torch._transformer_encoder_layer_fwd``) reads
+#: ``linear1``/``linear2``/``self_attn`` weights directly, bypassing adapters wrapped around them.
+FUSED_LAYERS = (nn.TransformerEncoderLayer,)
 ADAPTIVE = "left to the adaptive geometry"
+
+
+def fused(layer: nn.Module) -> bool:
+    """Whether ``layer`` may take a fused inference path that reads its sub-modules' weights
+    directly: an ``nn.TransformerEncoderLayer`` with no forward hook (torch leaves the fused
+    path whenever one is attached)."""
+    hooked = layer._forward_pre_hooks or layer._forward_hooks
+    return isinstance(layer, FUSED_LAYERS) and not hooked
 
 
 def grouped(finding: AttentionFinding, sources) -> tuple[Source, ...]:
@@ -56,6 +67,7 @@ class Rules:
         self.messages: list[str] = []
         self.skipped: list[str] = []
         self.frozen: list[str] = []  # labels of the attention modules with frozen pairs
+        self.fused: list[str] = []  # labels of adapters a fused torch fast path can bypass
 
     def leave_out(self, label: str, reason: str, what: str = "") -> None:
         """Warn that ``what`` (``""``: the block ``label``) is left out because of ``reason``."""
@@ -217,9 +229,25 @@ class Rules:
                 else:
                     continue
                 self.declare(label, self.lora_gl, tuple(g), tuple(h), heads=1)
+                parent = self.context.parent(m)
+                if parent is not None and fused(parent[1]):
+                    self.fused.append(label)
         return found
 
     # ------------------------------------------------------------------ summary
+    def fused_message(self) -> str | None:
+        """One line for the adapters that a fused inference path can bypass (:func:`fused`), or
+        ``None``."""
+        if not self.fused:
+            return None
+        return (
+            f"{len(self.fused)} LoRA adapter(s) sit in nn.TransformerEncoderLayer modules (first: "
+            f"{self.fused[0]}), whose fused fast path (eval mode, no gradients) reads the base "
+            "weights directly and ignores the adapters: the losses a measure evaluates would "
+            "not see them. Disable the fast path, e.g. with a forward pre-hook on each layer "
+            "(layer.register_forward_pre_hook(lambda *a: None))"
+        )
+
     def frozen_message(self) -> str | None:
         """One line for the attention modules left out because frozen, or ``None``."""
         if not self.frozen:

@@ -74,9 +74,9 @@ def find_symmetries(
         )
         rules.messages.append(message)
         rules.skipped.append(message)
-    frozen = rules.frozen_message()
-    if frozen is not None:
-        rules.messages.append(frozen)
+    for message in (rules.frozen_message(), rules.fused_message()):
+        if message is not None:
+            rules.messages.append(message)
     geometry = rules.geometry
     geometry.skipped = tuple(rules.skipped)
     if warn:
