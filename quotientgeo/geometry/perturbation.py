@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..manifolds import AdaptiveGeometry, BallDamping, QuotientManifold
+from ..manifolds.gl.damping import with_ball_filled
 from ..options import Norm, Perturbation
 from . import shards as sh
 from .parameters import ParameterGeometry
@@ -68,10 +69,7 @@ def in_ball(manifold: QuotientManifold, radius: float | None) -> QuotientManifol
     """``manifold`` as a ball of radius ``radius`` perturbs it: a GL manifold relaxed by
     ``BallDamping()`` (what discovery declares for LoRA adapters) gets the ball's radius; every
     other manifold is itself."""
-    eps = getattr(manifold, "eps", None)
-    if radius is None or not isinstance(eps, BallDamping) or eps.radius is not None:
-        return manifold
-    return manifold.with_metric(manifold.metric_name, eps=BallDamping(radius))  # type: ignore[arg-type]
+    return manifold if radius is None else with_ball_filled(manifold, BallDamping(radius))
 
 
 def move_of(manifold, perturbation: Perturbation | str) -> str:

@@ -38,7 +38,8 @@ from ..geometry import shards as sh
 from ..geometry.diagnosis import Diagnosis
 from ..geometry.symmetries import geometry_of
 from ..geometry.transfer import gather_blocks, write_blocks_
-from ..manifolds import BallDamping, QuotientManifold
+from ..manifolds import QuotientManifold
+from ..manifolds.gl.damping import with_ball_filled
 from ..options import checked_metric
 
 with warnings.catch_warnings():
@@ -341,10 +342,7 @@ def quotient_optimizer(
 def trained(manifold: QuotientManifold) -> QuotientManifold:
     """``manifold`` as an optimizer steps it: relaxed by ``TRAINING_EPS`` where it was
     declared with ``BallDamping()`` (a sharpness ball's scale, which an optimizer lacks)."""
-    eps = getattr(manifold, "eps", None)
-    if isinstance(eps, BallDamping) and eps.radius is None:
-        return manifold.with_metric(manifold.metric_name, eps=TRAINING_EPS)  # type: ignore[arg-type]
-    return manifold
+    return with_ball_filled(manifold, TRAINING_EPS)
 
 
 def _points(geometry: ParameterGeometry) -> list[geoopt.ManifoldParameter]:

@@ -25,14 +25,18 @@ the orbit of ``(0, H)`` holds ``(0, H Aᵀ)`` at every scale), so measure full-r
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import torch
 
 from ...validation import positive_real
 
+if TYPE_CHECKING:
+    from ..base import QuotientManifold
+
 Tensor = torch.Tensor
 
-__all__ = ["BallDamping", "relaxation"]
+__all__ = ["BallDamping", "relaxation", "with_ball_filled"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,3 +76,13 @@ def relaxation(eps: float | BallDamping, G: Tensor, H: Tensor) -> float | Tensor
     """The Gram relaxation of the pairs ``(G, H)``: ``eps`` itself, or a :class:`BallDamping`'s
     ``ε`` per pair."""
     return eps.of(G, H) if isinstance(eps, BallDamping) else eps
+
+
+def with_ball_filled(manifold: QuotientManifold, eps: float | BallDamping) -> QuotientManifold:
+    """``manifold`` with ``eps`` in place of a ``BallDamping()`` still waiting for its radius
+    (what discovery declares for LoRA adapters); any other manifold unchanged. A sharpness ball
+    fills in ``BallDamping(ρ)``, an optimizer, which has no ball, a number."""
+    declared = getattr(manifold, "eps", None)
+    if not isinstance(declared, BallDamping) or declared.radius is not None:
+        return manifold
+    return manifold.with_metric(manifold.metric_name, eps=eps)
