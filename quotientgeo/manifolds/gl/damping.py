@@ -82,7 +82,7 @@ def with_ball_filled(manifold: QuotientManifold, eps: float | BallDamping) -> Qu
     """``manifold`` with ``eps`` in place of a ``BallDamping()`` still waiting for its radius
     (what discovery declares for LoRA adapters); any other manifold unchanged. A sharpness ball
     fills in ``BallDamping(ρ)``, an optimizer, which has no ball, a number."""
-    declared = getattr(manifold, "eps", None)
-    if not isinstance(declared, BallDamping) or declared.radius is not None:
+    declared, metric = getattr(manifold, "eps", None), manifold.metric_name
+    if not isinstance(declared, BallDamping) or declared.radius is not None or metric is None:
         return manifold
-    return manifold.with_metric(manifold.metric_name, eps=eps)
+    return manifold.with_metric(metric, eps=eps)
