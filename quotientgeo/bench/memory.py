@@ -26,6 +26,7 @@ stay counted in copies of the whole model's parameters (a rank holds ``1/N`` of 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -118,9 +119,11 @@ def build(args: argparse.Namespace):
         embd_pdrop=0.0,
         resid_pdrop=0.0,
     )
+    # built on its device (a billion random weights initialise in seconds on a GPU);
     # transformers' decorated __init__ reads to type checkers as an unbound method
-    model: nn.Module = cast(Any, GPT2LMHeadModel)(config)
-    model = model.to(device=args.device, dtype=DTYPES[args.dtype]).eval()
+    with torch.device(args.device):
+        model: nn.Module = cast(Any, GPT2LMHeadModel)(config)
+    model = model.to(dtype=DTYPES[args.dtype]).eval()
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen).to(args.device)
 
@@ -171,6 +174,7 @@ def _sharded(model: torch.nn.Module, args: argparse.Namespace) -> torch.nn.Modul
 def _run_here(args: argparse.Namespace) -> dict[str, int]:
     """Build the model, reset the peak, run ``args.contender``: its peak above the start (the
     largest over the ranks where sharded)."""
+    gc.collect()  # nothing of an earlier contender in this process may be freed during this one
     model, loss_fn, batch = build(args)
     if args.shard > 1:
         model = _sharded(model, args)

@@ -59,8 +59,9 @@ MOVES = {
 PIECE = 2**22
 #: Parameters of fewer entries share pieces; larger ones are read as views of themselves.
 SMALL = 2**16
-#: A :class:`BlockChunk` holds at most this fraction of the parameters' bytes (in the compute
-#: dtype), and at least one block.
+#: A :class:`BlockChunk` holds, in the compute dtype, at most this fraction of the bytes of the
+#: parameters in their own dtype (so half-precision weights get chunks of half the entries:
+#: their float32 transients count against the same budget), and at least one block.
 CHUNK_FRACTION = 1 / 32
 MIN_CHUNK_BYTES = 2**22
 
@@ -311,8 +312,8 @@ class Perturbations:
         radius: the ball's radius ``ρ``, for the GL kinds relaxed by a
             :class:`~quotientgeo.BallDamping` that takes it from the ball (:func:`in_ball`).
         chunk_bytes: the largest chunk of symmetry blocks, in bytes of the compute dtype
-            (``None``: :data:`CHUNK_FRACTION` of the parameters this rank holds, at least
-            :data:`MIN_CHUNK_BYTES`, at least one block).
+            (``None``: :data:`CHUNK_FRACTION` of the bytes of the parameters this rank holds, in
+            their own dtype; at least :data:`MIN_CHUNK_BYTES`, at least one block).
 
     ``params`` are the trainable parameters by name; :meth:`local` gives their local parts
     (the tensors that the parts read and write); ``chunks`` lists the chunks kind by kind,
@@ -338,7 +339,7 @@ class Perturbations:
         plan = geometry.plan
         size = torch.finfo(self.dtype).bits // 8
         if chunk_bytes is None:  # a fraction of what this rank holds
-            held = sum(sh.local(p).numel() for p in self.params.values()) * size
+            held = sum(sh.local(p).nbytes for p in self.params.values())
             chunk_bytes = max(int(held * CHUNK_FRACTION), MIN_CHUNK_BYTES)
         self.chunk_bytes = chunk_bytes
         self.chunks: list[list[BlockChunk]] = []

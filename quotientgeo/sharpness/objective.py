@@ -13,9 +13,19 @@ buffer          size                       why
 ``previous``    one copy                   ``ξ_{k-1}``, Auto-PGD's momentum
 ``best``        one copy                   the best iterate: restarts and the result
 ``current``     the symmetric parameters   ``ξ_k`` where the geodesic map moves it; elsewhere
-                                           ``ξ_k = w̃ - x0`` is read off the weights
+                (while the forward pass    ``ξ_k = w̃ - x0`` is read off the weights
+                runs)
 ``.grad``       (the backward pass's own)  ``∇L(w̃)``, then the step's gradient in place
 ==============  =========================  ===================================================
+
+The backward pass does not read a weight again once that weight's gradient is accumulated, so
+at that moment a hook moves ``ξ_k`` of a symmetric parameter into the parameter's own storage
+and frees its buffer (:meth:`Objective._park`): from there until the next step writes the
+weights, ``current`` of that parameter *is* the weight tensor. So a symmetric parameter never
+holds ``w̃``, ``ξ_k`` and ``∇L`` at once, and the peak, at the end of the backward pass, holds
+three copies besides the model's weights and gradients. Sharded parameters (FSDP2 writes their
+gradients itself) and models that recompute their forward pass in the backward pass
+(activation checkpointing, where a weight is read again) keep ``current`` throughout.
 
 Everything else is transient and per part (:mod:`quotientgeo.geometry.perturbation`): a chunk of
 symmetry blocks in the compute dtype, or a piece of the parameters' entries. A restart from an
@@ -29,6 +39,7 @@ chooses the combination from it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -108,11 +119,50 @@ class Objective:
         wholly = set(explicit) - set(self.geometry.plan.partial)
         self.straight = {name for name in space.params if name not in wholly}
         self.current = space.empty(explicit)  # ξ_k where it cannot be read off the weights
+        self._parked: set[str] = set()  # names whose ξ_k is in the weights (``current`` aliases)
+        self._parking = False  # a backward pass of :meth:`gradient` is running
+        self._hooks = []
+        if not space.sharded and not _recomputes_forward(model):
+            for name in explicit:
+                hook = functools.partial(self._park, name)
+                self._hooks.append(space.params[name].register_post_accumulate_grad_hook(hook))
+        # the last piece that reads each parameter: its gradient is freed after it
+        self._last_piece = {n: i for i, piece in enumerate(space.pieces) for n in piece.names}
         self.previous = space.empty()  # ξ_{k-1} (the average measure's scratch)
         self.best = space.empty() if worst_case else None
         self.batch: Any = None
         self.where = Where(0)
         self._pending: tuple[Tensor, Where] | None = None  # a forward pass to differentiate
+
+    def __enter__(self) -> Objective:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove the hooks from the model's parameters."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    @torch.no_grad()
+    def _park(self, name: str, param: Tensor) -> None:
+        """After the gradient of parameter ``name`` is accumulated (a hook): its weights, which
+        the backward pass no longer reads, take ``ξ_k``, and ``ξ_k``'s own buffer is freed."""
+        if not self._parking or name in self._parked:
+            return
+        weights = self.weights[name]
+        weights.copy_(self.current[name])
+        self.current[name] = weights
+        self._parked.add(name)
+
+    @torch.no_grad()
+    def _unpark(self) -> None:
+        """``ξ_k`` back in buffers of its own, before the weights are written."""
+        for name in self._parked:
+            self.current[name] = self.current[name].clone(memory_format=torch.contiguous_format)
+        self._parked.clear()
 
     def _points(self) -> tuple[list[Tensor], Tensor]:
         """The base point gathered (for messages only; ``None`` where sharded)."""
@@ -135,6 +185,7 @@ class Objective:
     def _move_(self, source: Mapping[str, Tensor], *, first_order: bool = False) -> None:
         """Weights ``← γ_ξ(1)`` for ``ξ = source``: the symmetry blocks by their map (or
         ``x + ξ`` with ``first_order``), every other entry ``x + ξ``."""
+        self._unpark()
         names = set(self.space.params) if first_order else self.straight
         for piece in self.space.pieces:
             if names.isdisjoint(piece.names):
@@ -160,6 +211,7 @@ class Objective:
     @torch.no_grad()
     def _set_current_(self, source: Mapping[str, Tensor]) -> None:
         """``ξ_k ← source`` (the model moved there)."""
+        self._unpark()
         for name, t in self.current.items():
             t.copy_(source[name])
         self._move_(source)
@@ -185,6 +237,8 @@ class Objective:
     def evaluate(self, where: Where, grad: bool) -> Tensor:
         """The loss at the weights as they are (see :meth:`value`). An exception of ``loss_fn``
         keeps its type and gains a note naming ``where``."""
+        if self._parked:
+            raise RuntimeError("the weights hold ξ_k, not a point: move them first")
         for p in self.space.params.values():
             p.grad = None
         self._pending = None
@@ -215,9 +269,11 @@ class Objective:
         def backward() -> None:
             if pending is None:  # its forward pass failed (and is reported)
                 raise RuntimeError("no forward pass to differentiate")
+            self._parking = True
             try:
                 pending[0].backward()
             finally:
+                self._parking = False
                 if self.space.sharded:
                     sh.reshard(self.model)
 
@@ -284,19 +340,33 @@ class Objective:
     def advance(self, c: Tensor, keep: Tensor | bool = False) -> None:
         """``ξ_{k+1} = c₀ ξ_k + c₁ ξ_{k-1} + c₂ g``, ``ξ_k`` becomes the previous iterate, the
         model moves to ``γ_{ξ_{k+1}}(1)``; with ``keep`` (a bool or 0-dim tensor), first
-        ``best ← ξ_k``."""
+        ``best ← ξ_k``. A parameter's gradient is freed once its last piece is done, and a
+        parked ``ξ_k`` (in the weights) gets a buffer of its own again only then, piece by
+        piece, so the step holds no more than the backward pass did."""
         grads = self.gradients()
         c0, c1, c2 = (c[i].to(self.dtype) for i in range(3))
-        for piece in self.space.pieces:
+        target = dict(self.current)  # where ξ_{k+1} goes
+        for i, piece in enumerate(self.space.pieces):
+            for name in piece.names:
+                if name in self._parked and target[name] is self.current[name]:
+                    target[name] = torch.empty_like(
+                        self.current[name], memory_format=torch.contiguous_format
+                    )
             xi = self._xi(piece)
             self._keep(piece, xi, keep)
             new = xi * c0 + piece.read(self.previous, self.dtype) * c1
             new += piece.read(grads, self.dtype) * c2
             piece.write_(self.previous, xi)
-            piece.write_(self.current, new, self.current)
+            piece.write_(target, new, target)
             if not self.straight.isdisjoint(piece.names):
                 moved = piece.read(self.x0, self.dtype) + new
                 piece.write_(self.weights, moved, self.straight)
+            for name in piece.names:
+                if self._last_piece[name] == i:
+                    del grads[name]
+                    self.space.params[name].grad = None
+        self.current = target
+        self._parked.clear()
         for p in self.space.params.values():
             p.grad = None
         self._move_blocks_(self.current)
@@ -351,6 +421,7 @@ class Objective:
 
     def reset(self) -> None:
         """The model back at ``x0``."""
+        self._unpark()
         with torch.no_grad():
             for name, t in self.weights.items():
                 t.copy_(self.x0[name])
@@ -404,3 +475,9 @@ class Objective:
         if deficient is not None:
             raise ValueError(f"{message}, likely from {deficient}")
         raise ValueError(f"{message}; the model is restored")
+
+
+def _recomputes_forward(model: nn.Module) -> bool:
+    """Whether the model recomputes parts of its forward pass in the backward pass (Hugging
+    Face's activation checkpointing), reading weights whose gradient is already accumulated."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())

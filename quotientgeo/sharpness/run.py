@@ -80,22 +80,22 @@ def run(
     with model_state_preserved(model, geometry.params) as x0, bar:
         try:
             worst = isinstance(case, WorstCase)
-            objective = Objective(model, loss_fn, space, x0, ranks, worst_case=worst)
-            gen = torch.Generator(device=objective.device)
-            for i, batch in enumerate(batches):
-                gen.manual_seed(batch_seed(seed, offset + i))
-                records.append(
-                    case.measure_batch(
-                        objective,
-                        batch,
-                        Where(offset + i),
-                        gen,
-                        rho=rho,
-                        first_order_map=perturbation == Perturbation.FIRST_ORDER,
-                        return_perturbation=return_perturbation,
-                        advance=lambda: bar.update(1),
+            with Objective(model, loss_fn, space, x0, ranks, worst_case=worst) as objective:
+                gen = torch.Generator(device=objective.device)
+                for i, batch in enumerate(batches):
+                    gen.manual_seed(batch_seed(seed, offset + i))
+                    records.append(
+                        case.measure_batch(
+                            objective,
+                            batch,
+                            Where(offset + i),
+                            gen,
+                            rho=rho,
+                            first_order_map=perturbation == Perturbation.FIRST_ORDER,
+                            return_perturbation=return_perturbation,
+                            advance=lambda: bar.update(1),
+                        )
                     )
-                )
         except Exception as err:  # raised here, or (distributed="batches") on every rank
             failure = ranks.failure(err)
     records = ranks.collect(records, failure)
