@@ -7,8 +7,9 @@ GL(64) on the grouped value/output pairs); the measure runs on one batch of rand
 
 The script prints the wall time and the peak resident memory of one forward+backward pass
 (the floor) and of the measurement, and the measurement's peak above the floor in copies of
-the parameters (the maximiser keeps about 3 copies and the current iterate of the symmetric
-blocks). Linux only (it reads ``/proc/self/status``).
+the parameters (the maximiser keeps 3: the starting weights, the previous and the best iterate;
+the current iterate of the symmetric blocks is parked in their weights once the backward pass
+has their gradients). Linux only (it reads ``/proc/self/status``).
 
     python examples/llama_1b_sharpness.py            # 3 iterations (the quick form)
     python examples/llama_1b_sharpness.py --n-iter 20 --metric inv

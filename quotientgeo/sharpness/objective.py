@@ -23,9 +23,10 @@ at that moment a hook moves ``ξ_k`` of a symmetric parameter into the parameter
 and frees its buffer (:meth:`Objective._park`): from there until the next step writes the
 weights, ``current`` of that parameter *is* the weight tensor. So a symmetric parameter never
 holds ``w̃``, ``ξ_k`` and ``∇L`` at once, and the peak, at the end of the backward pass, holds
-three copies besides the model's weights and gradients. Sharded parameters (FSDP2 writes their
-gradients itself) and models that recompute their forward pass in the backward pass
-(activation checkpointing, where a weight is read again) keep ``current`` throughout.
+three copies besides the model's weights and gradients. On a model sharded with FSDP2 the hook
+runs once the reduce-scatter has written the parameter's gradient shard, and parks the local
+part. Models that recompute their forward pass in the backward pass (activation
+checkpointing, where a weight is read again) keep ``current`` throughout.
 
 Everything else is transient and per part (:mod:`quotientgeo.geometry.perturbation`): a chunk of
 symmetry blocks in the compute dtype, or a piece of the parameters' entries. A restart from an
@@ -122,7 +123,7 @@ class Objective:
         self._parked: set[str] = set()  # names whose ξ_k is in the weights (``current`` aliases)
         self._parking = False  # a backward pass of :meth:`gradient` is running
         self._hooks = []
-        if not space.sharded and not _recomputes_forward(model):
+        if not _recomputes_forward(model):
             for name in explicit:
                 hook = functools.partial(self._park, name)
                 self._hooks.append(space.params[name].register_post_accumulate_grad_hook(hook))
@@ -152,8 +153,10 @@ class Objective:
         the backward pass no longer reads, take ``ξ_k``, and ``ξ_k``'s own buffer is freed."""
         if not self._parking or name in self._parked:
             return
-        weights = self.weights[name]
-        weights.copy_(self.current[name])
+        weights, own = self.weights[name], self.current[name]
+        weights.copy_(own)
+        if own.is_cuda:  # FSDP2 calls the hook on its reduce-scatter stream
+            own.record_stream(torch.cuda.current_stream(own.device))
         self.current[name] = weights
         self._parked.add(name)
 

@@ -101,6 +101,22 @@ def state_bytes() -> list[int]:
     return seen
 
 
+def parking() -> list[str]:
+    """Records the names that the measures' hooks park (the current iterate moved into the
+    weights once the reduce-scatter wrote the gradient shard)."""
+    parked: list[str] = []
+    park = objective_module.Objective._park
+
+    def recording(self, name, param):
+        before = name in self._parked
+        park(self, name, param)
+        if not before and name in self._parked:
+            parked.append(name)
+
+    objective_module.Objective._park = recording
+    return parked
+
+
 def sam_gap(model, loss_fn, ids, layers, variant: str) -> float:
     """Largest difference of the weights after two GeodesicSAM steps on the model alone and on
     its sharded copy."""
@@ -123,13 +139,16 @@ def main(out: str) -> None:
     ids = torch.randint(3, 40, (4, 7), generator=gen)
     record: dict = {}
     sizes = state_bytes()
+    parked = parking()
     for name, (build, loss_fn, layers) in MODELS.items():
         model = build()
         alone = measures(model, loss_fn, [ids], distributed="off")
         split = sharded(model, layers)
         before = {n: p.to_local().clone() for n, p in split.named_parameters()}
         grads = {n: p.grad for n, p in split.named_parameters()}
+        parked.clear()
         got = measures(split, loss_fn, [ids])
+        parked_sharded = len(parked)
         try:
             qg.adaptive_sharpness(split, loss_fn, [ids], distributed="batches", **KW)
             refused = ""
@@ -143,6 +162,7 @@ def main(out: str) -> None:
             )
             and all(p.grad is grads[n] for n, p in split.named_parameters()),
             "batches_refused": refused,
+            "parked_sharded": parked_sharded,
             "sam": {
                 v: sam_gap(model, loss_fn, ids, layers, v) for v in ("geodesic", "sam", "asam")
             },

@@ -3,7 +3,8 @@
 
 Every measure of a sharded tiny BERT (heads straddling the shards) and tiny Llama (grouped-query
 attention, rotary embeddings) equals the value of the same weights in one process to 1e-10 in
-float64, the sharded model comes back bit-exactly, each rank holds half of the maximiser's
+float64 (with the current iterate parked in the local shards during the backward pass), the
+sharded model comes back bit-exactly, each rank holds half of the maximiser's
 buffers, ``distributed="batches"`` is refused with the reason, and GeodesicSAM's steps (all
 three variants) equal the steps in one process.
 """
@@ -43,6 +44,14 @@ def test_sharded_sharpness_equals_one_process(records, model):
             assert sharded[name] == pytest.approx(value, rel=1e-10, abs=0), name
     # the ranks agree with each other
     assert records[0][model]["sharded"] == records[1][model]["sharded"]
+
+
+@pytest.mark.parametrize("model", ["bert", "llama"])
+def test_the_current_iterate_of_a_sharded_model_is_parked(records, model):
+    """FSDP2 calls the post-accumulate-grad hooks after its reduce-scatter: the equality above
+    holds with the current iterate parked in the local shards."""
+    for record in records:
+        assert record[model]["parked_sharded"] > 0
 
 
 @pytest.mark.parametrize("model", ["bert", "llama"])
