@@ -12,9 +12,9 @@ buffer          size                       why
 ``x0``          one copy                   the base point of the geometry; restores the model
 ``previous``    one copy                   ``ξ_{k-1}``, Auto-PGD's momentum
 ``best``        one copy                   the best iterate: restarts and the result
-``current``     the symmetric parameters   ``ξ_k`` where the geodesic map moves it; elsewhere
-                (while the forward pass    ``ξ_k = w̃ - x0`` is read off the weights
-                runs)
+``current``     the symmetric parameters,  ``ξ_k`` where the geodesic map moves it; elsewhere
+                until the backward pass    ``ξ_k = w̃ - x0`` is read off the weights
+                parks them
 ``.grad``       (the backward pass's own)  ``∇L(w̃)``, then the step's gradient in place
 ==============  =========================  ===================================================
 
@@ -343,9 +343,9 @@ class Objective:
     def advance(self, c: Tensor, keep: Tensor | bool = False) -> None:
         """``ξ_{k+1} = c₀ ξ_k + c₁ ξ_{k-1} + c₂ g``, ``ξ_k`` becomes the previous iterate, the
         model moves to ``γ_{ξ_{k+1}}(1)``; with ``keep`` (a bool or 0-dim tensor), first
-        ``best ← ξ_k``. A parameter's gradient is freed once its last piece is done, and a
-        parked ``ξ_k`` (in the weights) gets a buffer of its own again only then, piece by
-        piece, so the step holds no more than the backward pass did."""
+        ``best ← ξ_k``. Piece by piece: a parked parameter (``ξ_k`` in its weights) gets a fresh
+        buffer for ``ξ_{k+1}`` at its first piece, and every parameter's gradient is freed after
+        its last one, so the step holds no more than the end of the backward pass did."""
         grads = self.gradients()
         c0, c1, c2 = (c[i].to(self.dtype) for i in range(3))
         target = dict(self.current)  # where ξ_{k+1} goes
