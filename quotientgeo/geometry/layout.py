@@ -152,9 +152,10 @@ class Region:
 class Layout:
     """The trainable parameters of a model and the regions that symmetry blocks cover.
 
-    Keeps, across declarations, a host boolean mask per covered parameter (over its 2-D view)
-    and the view each parameter is seen through. :meth:`claim` costs only the new block's
-    regions, and a refused claim leaves the layout untouched.
+    Keeps, across declarations, the claimed regions of each covered parameter (rectangles of
+    its 2-D view, so the bookkeeping costs nothing per entry) and the view each parameter is
+    seen through. :meth:`claim` costs only the new block's regions against the parameter's
+    earlier ones, and a refused claim leaves the layout untouched.
     """
 
     def __init__(self, model: nn.Module):
@@ -166,15 +167,23 @@ class Layout:
         self.params: dict[str, nn.Parameter] = {
             name: p for name, p in model.named_parameters() if p.requires_grad
         }
-        self.coverage: dict[str, Tensor] = {}
+        self.regions: dict[str, tuple[Region, ...]] = {}  # claimed, by canonical name
         self.views: dict[str, View] = {}
 
     def copy(self) -> Layout:
-        """An independent copy: the same parameters, its own coverage and views."""
+        """An independent copy: the same parameters, its own regions and views."""
         new = copy.copy(self)
-        new.coverage = {name: mask.clone() for name, mask in self.coverage.items()}
+        new.regions = dict(self.regions)
         new.views = dict(self.views)
         return new
+
+    def uncovered(self, name: str) -> Tensor | None:
+        """The host boolean mask of the entries of ``name`` (over its view) that no claimed
+        region covers, or ``None`` when they cover it all."""
+        mask = torch.ones(self.views[name].shape, dtype=torch.bool)
+        for r in self.regions[name]:
+            mask[r.rows[0] : r.rows[1], r.cols[0] : r.cols[1]] = False
+        return mask if bool(mask.any()) else None
 
     def resolve(self, src: Source, heads: int, label: str) -> Region:
         """The region of ``src`` for a block of ``heads`` heads named ``label``."""
@@ -247,45 +256,25 @@ class Layout:
         (a part of a product of groups) accepts them. Either way a block may not cover an
         entry twice, and every block views a parameter alike.
         """
-        filled: list[tuple[Tensor, Tensor | None]] = []  # (area, its coverage; None: all False)
-        new_masks: list[str] = []
-        new_views: list[str] = []
+        regions_before, views_before = dict(self.regions), dict(self.views)
 
         def undo() -> None:
-            # restore in reverse order, so an area filled twice gets its first state back
-            for area, before in reversed(filled):
-                if before is None:
-                    area.fill_(False)
-                else:
-                    area.copy_(before)
-            for name in new_masks:
-                del self.coverage[name]
-            for name in new_views:
-                del self.views[name]
+            self.regions, self.views = dict(regions_before), dict(views_before)
 
         try:
             if shared:
                 _refuse_self_overlap(regions, label)
             for r in regions:
-                mask = self.coverage.get(r.name)
-                if mask is None:
-                    mask = self.coverage[r.name] = torch.zeros(r.view.shape, dtype=torch.bool)
-                    new_masks.append(r.name)
-                area = mask[r.rows[0] : r.rows[1], r.cols[0] : r.cols[1]]
-                if not shared and bool(area.any()):
+                earlier = self.regions.get(r.name, ())
+                if not shared and any(overlaps(r, q) for q in earlier):
                     raise ValueError(
                         f"{label}: rows {r.rows}, cols {r.cols} of {r.name!r} already belong to "
                         "another block (declare it with product=True to measure the quotient "
                         "by the product of the groups, when their actions commute)"
                     )
-                filled.append((area, area.clone() if shared else None))
-                area.fill_(True)
-            for r in regions:
-                view = self.views.get(r.name)
-                if view is None:
-                    self.views[r.name] = r.view
-                    new_views.append(r.name)
-                elif view != r.view:
+                self.regions[r.name] = (*earlier, r)
+                view = self.views.setdefault(r.name, r.view)
+                if view != r.view:
                     raise ValueError(
                         f"{label}: parameter {r.name!r} is viewed as {view} by another block "
                         f"and as {r.view} here"

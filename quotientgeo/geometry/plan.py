@@ -249,9 +249,9 @@ def build_plan(layout: Layout, blocks: list[Block], products: tuple[Product, ...
                 )
             )
     kinds = tuple(kinds)
-    coverage = layout.coverage
-    adaptive_names = tuple(n for n in layout.params if n not in coverage)
-    uncovered = {n: ~mask for n, mask in coverage.items() if not bool(mask.all())}
+    adaptive_names = tuple(n for n in layout.params if n not in layout.regions)
+    holes = {n: layout.uncovered(n) for n in layout.regions}
+    uncovered = {n: mask for n, mask in holes.items() if mask is not None}
     adaptive_sizes = tuple(layout.params[n].numel() for n in adaptive_names) + tuple(
         int(mask.sum()) for mask in uncovered.values()
     )

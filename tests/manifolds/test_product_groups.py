@@ -574,14 +574,13 @@ def state(geometry):
         geometry.summary(),
         [b.label for b in geometry.blocks],
         [p.parts for p in geometry.products],
-        {n: m.clone() for n, m in geometry.layout.coverage.items()},
+        dict(geometry.layout.regions),
         dict(geometry.layout.views),
     )
 
 
 def assert_same_state(a, b):
-    assert a[0] == b[0] and a[1] == b[1] and a[2] == b[2] and a[4] == b[4]
-    assert a[3].keys() == b[3].keys() and all(torch.equal(a[3][n], b[3][n]) for n in a[3])
+    assert a == b
 
 
 class NoAction(ReLUUnits):
