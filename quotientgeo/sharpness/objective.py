@@ -51,6 +51,7 @@ from ..geometry import ParameterGeometry
 from ..geometry import shards as sh
 from ..geometry.diagnosis import Diagnosis
 from ..geometry.perturbation import BlockChunk, Perturbations, Piece, Sums
+from ..heap import release_free_memory
 from .ranks import Local
 
 Tensor = torch.Tensor
@@ -321,6 +322,7 @@ class Objective:
         metric, where ``g``, the horizontal Riemannian gradient with respect to ``ξ`` at
         ``ξ_k`` (the map's vector-Jacobian product of ``.grad``, then ``egrad2rgrad``),
         replaces ``.grad``."""
+        release_free_memory(self.device)  # what the backward pass freed, before the step
         grads = self.gradients()
         sums = Sums(self.space, (3, 3))
         with self.diagnosis.located():
