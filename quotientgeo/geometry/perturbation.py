@@ -61,8 +61,10 @@ PIECE = 2**22
 SMALL = 2**16
 #: A :class:`BlockChunk` holds, in the compute dtype, at most this fraction of the bytes of the
 #: parameters in their own dtype (so half-precision weights get chunks of half the entries:
-#: their float32 transients count against the same budget), and at least one block.
-CHUNK_FRACTION = 1 / 32
+#: their float32 transients count against the same budget), and at least one block. A pass
+#: keeps about a dozen chunk-sized tensors alive (point, iterates, gradient, the map's
+#: vector-Jacobian product), so its transients stay below a tenth of a parameter copy.
+CHUNK_FRACTION = 1 / 128
 MIN_CHUNK_BYTES = 2**22
 
 
