@@ -109,6 +109,7 @@ class Objective:
         self.device = self.geometry.device
         self.x0 = dict(x0)
         self.weights = space.local()  # the model's own (local) weights: w̃ lives here
+        self._held = sum(t.nbytes for t in self.weights.values())
         self.diagnosis = Diagnosis(
             self.geometry,
             space.manifolds,
@@ -322,7 +323,7 @@ class Objective:
         metric, where ``g``, the horizontal Riemannian gradient with respect to ``ξ`` at
         ``ξ_k`` (the map's vector-Jacobian product of ``.grad``, then ``egrad2rgrad``),
         replaces ``.grad``."""
-        release_free_memory(self.device)  # what the backward pass freed, before the step
+        release_free_memory(self.device, self._held)  # what the backward freed, before the step
         grads = self.gradients()
         sums = Sums(self.space, (3, 3))
         with self.diagnosis.located():
