@@ -340,9 +340,10 @@ class Perturbations:
         self.sharded = sh.sharded_parameters(self.params.values())
         plan = geometry.plan
         size = torch.finfo(self.dtype).bits // 8
+        #: Bytes of the parameters' local parts, in their own dtype: one parameter copy here.
+        self.held_bytes = sum(sh.local(p).nbytes for p in self.params.values())
         if chunk_bytes is None:  # a fraction of what this rank holds
-            held = sum(sh.local(p).nbytes for p in self.params.values())
-            chunk_bytes = max(int(held * CHUNK_FRACTION), MIN_CHUNK_BYTES)
+            chunk_bytes = max(int(self.held_bytes * CHUNK_FRACTION), MIN_CHUNK_BYTES)
         self.chunk_bytes = chunk_bytes
         self.chunks: list[list[BlockChunk]] = []
         #: Each kind's manifold as the ball perturbs it (:func:`in_ball`).

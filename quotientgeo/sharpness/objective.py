@@ -109,7 +109,6 @@ class Objective:
         self.device = self.geometry.device
         self.x0 = dict(x0)
         self.weights = space.local()  # the model's own (local) weights: w̃ lives here
-        self._held = sum(t.nbytes for t in self.weights.values())
         self.diagnosis = Diagnosis(
             self.geometry,
             space.manifolds,
@@ -323,7 +322,8 @@ class Objective:
         metric, where ``g``, the horizontal Riemannian gradient with respect to ``ξ`` at
         ``ξ_k`` (the map's vector-Jacobian product of ``.grad``, then ``egrad2rgrad``),
         replaces ``.grad``."""
-        release_free_memory(self.device, self._held)  # what the backward freed, before the step
+        # what the backward pass freed goes back to the system before the step allocates
+        release_free_memory(self.device, self.space.held_bytes)
         grads = self.gradients()
         sums = Sums(self.space, (3, 3))
         with self.diagnosis.located():
