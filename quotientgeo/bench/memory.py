@@ -6,7 +6,10 @@ one batch of ``batch × seq`` random tokens with the language-modelling loss. Co
 
 - ``floor``: one forward pass and ``loss.backward()`` (the gradients stay allocated);
 - ``adaptive``, ``geodesic_mix`` (second-order map), ``geodesic_inv`` (second-order map),
-  ``geodesic_inv_exact`` (the closed-form inv geodesic): ``n_iter`` Auto-PGD iterations;
+  ``geodesic_inv_exact`` (the closed-form inv geodesic): ``n_iter`` Auto-PGD iterations (a
+  run peaks at its worst step, and on the CPU the best iterate needs a buffer of its own only at
+  a step after two that did not improve it: the default 3 iterations have no such step on this
+  model, 30 do);
 - ``average``: ``n_samples`` random directions.
 
 Each is reported as its peak in bytes, and as parameter copies above the floor:

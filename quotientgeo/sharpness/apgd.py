@@ -43,6 +43,12 @@ class Iterates(Protocol):
         """``f(ξ_k)`` (0-dim); with ``grad``, what :meth:`gradient` needs is kept."""
         ...
 
+    def keep_best(self, keep: Tensor | bool) -> None:
+        """``best ← ξ_k`` where ``keep``: called after every :meth:`value` of an iterate, before
+        its gradient is taken (so a best point that ``ξ_k`` replaces can go before the
+        backward pass)."""
+        ...
+
     def gradient(self) -> None:
         """The gradient at ``ξ_k`` of the last :meth:`value`, kept for :meth:`gram`."""
         ...
@@ -51,13 +57,8 @@ class Iterates(Protocol):
         """The 3 × 3 Gram matrix of ``(ξ_k, ξ_{k-1}, g)``, ``g`` the Riemannian gradient."""
         ...
 
-    def advance(self, c: Tensor, keep: Tensor | bool = False) -> None:
-        """``best ← ξ_k`` where ``keep``; then ``ξ_{k-1} ← ξ_k``, ``ξ_k ← c₀ ξ_k + c₁ ξ_{k-1} +
-        c₂ g``."""
-        ...
-
-    def keep_best(self, keep: Tensor | bool) -> None:
-        """``best ← ξ_k`` where ``keep``."""
+    def advance(self, c: Tensor) -> None:
+        """``ξ_{k-1} ← ξ_k``, ``ξ_k ← c₀ ξ_k + c₁ ξ_{k-1} + c₂ g``."""
         ...
 
     def restart(self, best_is_current: bool, k: int) -> None:
@@ -151,8 +152,8 @@ def auto_pgd(
             else:
                 improved, best = better, torch.where(better, loss, best)
         assert improved is not None and losses is not None and n_updates is not None
+        iterates.keep_best(improved)
         if last:
-            iterates.keep_best(improved)
             break
         advance()
         restarted = False
@@ -165,13 +166,12 @@ def auto_pgd(
             n_updates.zero_()
             if stalled or frozen:
                 eta *= 0.5
-                iterates.keep_best(improved)
                 iterates.restart(bool(improved), k)
                 restarted = True
         if not restarted:
             iterates.gradient()
         c = step_coefficients(iterates.gram(), eta, rho, first=k == 0)
-        iterates.advance(c, keep=False if restarted else improved)
+        iterates.advance(c)
     assert losses is not None and best is not None
     check(losses)
     return best, losses

@@ -63,7 +63,7 @@ class WorstCase:
     ) -> BatchRecord:
         """One batch's record; ``first_order_map``: the map is ``x + ξ`` (no extra forward
         for the first-order loss); ``advance()`` after each iteration (a progress bar)."""
-        assert objective.best is not None  # a worst-case objective keeps the best iterate
+        assert objective.worst_case  # a worst-case objective keeps the best iterate
         base = worst = first = None
         norm, xi, trace = 0.0, None, []
         for r in range(self.restarts):
@@ -83,16 +83,15 @@ class WorstCase:
             assert worst is not None
             if best > worst:  # ξ* = 0 (the base point) until an iterate beats it
                 worst = best
-                norm = float(objective.sqnorm(objective.best).sqrt())
+                xi_best = objective.best_iterate()
+                norm = float(objective.sqnorm(xi_best).sqrt())
                 first = worst
                 if not first_order_map:
-                    loss = objective.first_order_loss(
-                        objective.best, Where(where.batch, FIRST_ORDER_MOVE)
-                    )
+                    loss = objective.first_order_loss(xi_best, Where(where.batch, FIRST_ORDER_MOVE))
                     objective.check_finite(loss.reshape(1), Where(where.batch, FIRST_ORDER_MOVE))
                     first = float(loss)
                 if return_perturbation:
-                    xi = objective.tangent(objective.best)
+                    xi = objective.tangent(xi_best)
         assert base is not None and worst is not None
         if return_perturbation:
             if xi is None:

@@ -11,22 +11,32 @@ buffer          size                       why
 ==============  =========================  ===================================================
 ``x0``          one copy                   the base point of the geometry; restores the model
 ``previous``    one copy                   ``ξ_{k-1}``, Auto-PGD's momentum
-``best``        one copy                   the best iterate: restarts and the result
 ``current``     the symmetric parameters,  ``ξ_k`` where the geodesic map moves it; elsewhere
                 until the backward pass    ``ξ_k = w̃ - x0`` is read off the weights
                 parks them
+``best``        one copy, only while the   the best iterate (restarts and the result); while
+                best iterate is older      it is ``ξ_k`` or ``ξ_{k-1}`` it *is* that iterate
+                than ``ξ_{k-1}``           and has no buffer of its own
 ``.grad``       (the backward pass's own)  ``∇L(w̃)``, then the step's gradient in place
 ==============  =========================  ===================================================
+
+Whether ``ξ_k`` is the new best point is known after its forward pass: a best point of its own
+is freed then, before the backward pass, and the step writes ``ξ_k`` once, as the previous
+iterate that is also the best. So an ascent that improves at every step, or at every other
+step, holds two copies besides the model's weights, its gradients and ``current``; a step after
+two that did not improve holds three (Auto-PGD's checkpoints restart such runs). On an
+accelerator, where the comparison stays on the device so that nothing waits for it, the best
+point keeps buffers of its own from the first step after ``ξ_0``.
 
 The backward pass does not read a weight again once that weight's gradient is accumulated, so
 at that moment a hook moves ``ξ_k`` of a symmetric parameter into the parameter's own storage
 and frees its buffer (:meth:`Objective._park`): from there until the next step writes the
 weights, ``current`` of that parameter *is* the weight tensor. So a symmetric parameter never
 holds ``w̃``, ``ξ_k`` and ``∇L`` at once, and the peak, at the end of the backward pass, holds
-three copies besides the model's weights and gradients. On a model sharded with FSDP2 the hook
-runs once the reduce-scatter has written the parameter's gradient shard, and parks the local
-part. Models that recompute their forward pass in the backward pass (activation
-checkpointing, where a weight is read again) keep ``current`` throughout.
+``x0``, ``previous`` and at most ``best`` besides the model's weights and gradients. On a model
+sharded with FSDP2 the hook runs once the reduce-scatter has written the parameter's gradient
+shard, and parks the local part. Models that recompute their forward pass in the backward pass
+(activation checkpointing, where a weight is read again) keep ``current`` throughout.
 
 Everything else is transient and per part (:mod:`quotientgeo.geometry.perturbation`): a chunk of
 symmetry blocks in the compute dtype, or a piece of the parameters' entries. A restart from an
@@ -131,7 +141,12 @@ class Objective:
         # the last piece that reads each parameter: its gradient is freed after it
         self._last_piece = {n: i for i, piece in enumerate(space.pieces) for n in piece.names}
         self.previous = space.empty()  # ξ_{k-1} (the average measure's scratch)
-        self.best = space.empty() if worst_case else None
+        self.worst_case = worst_case
+        # The best iterate is ξ_k ("current") or ξ_{k-1} ("previous") - those very tensors - or
+        # has buffers of its own ("own": ``best``), only while it is older than both.
+        self._best = "previous"
+        self.best: dict[str, Tensor] | None = None
+        self._pending_keep: Tensor | None = None  # on an accelerator: best ← ξ_k where true
         self.batch: Any = None
         self.where = Where(0)
         self._pending: tuple[Tensor, Where] | None = None  # a forward pass to differentiate
@@ -225,6 +240,7 @@ class Objective:
         """Start on ``batch`` from ``ξ_0 = 0`` (``gen=None``) or from a random horizontal
         direction of norm ``rho``; ``ξ_{-1} = ξ_0``."""
         self.batch, self.where = batch, where
+        self._best, self.best, self._pending_keep = "previous", None, None
         if gen is None:
             for t in self.previous.values():
                 t.zero_()
@@ -343,26 +359,30 @@ class Objective:
         return self._xi(part)
 
     @torch.no_grad()
-    def advance(self, c: Tensor, keep: Tensor | bool = False) -> None:
+    def advance(self, c: Tensor) -> None:
         """``ξ_{k+1} = c₀ ξ_k + c₁ ξ_{k-1} + c₂ g``, ``ξ_k`` becomes the previous iterate, the
-        model moves to ``γ_{ξ_{k+1}}(1)``; with ``keep`` (a bool or 0-dim tensor), first
-        ``best ← ξ_k``. Piece by piece: a parked parameter (``ξ_k`` in its weights) gets a fresh
-        buffer for ``ξ_{k+1}`` at its first piece, and every parameter's gradient is freed after
-        its last one, so the step holds no more than the end of the backward pass did."""
+        model moves to ``γ_{ξ_{k+1}}(1)``. Piece by piece: a buffer that must keep its value
+        (``ξ_k`` parked in the weights, ``ξ_{k-1}`` as the best point) is replaced by a fresh one
+        at the parameter's first piece, and every parameter's gradient is freed after its last
+        one, so the step holds no more than the end of the backward pass did."""
         grads = self.gradients()
         c0, c1, c2 = (c[i].to(self.dtype) for i in range(3))
-        target = dict(self.current)  # where ξ_{k+1} goes
+        keep, self._pending_keep = self._pending_keep, None
+        best = self.previous if self._best == "previous" else self.best  # where best stays
+        target, previous = dict(self.current), dict(self.previous)  # where ξ_{k+1}, ξ_k go
         for i, piece in enumerate(self.space.pieces):
             for name in piece.names:
                 if name in self._parked and target[name] is self.current[name]:
-                    target[name] = torch.empty_like(
-                        self.current[name], memory_format=torch.contiguous_format
-                    )
+                    target[name] = _fresh(self.current[name])
+                if best is self.previous and previous[name] is self.previous[name]:
+                    previous[name] = _fresh(self.previous[name])
             xi = self._xi(piece)
-            self._keep(piece, xi, keep)
             new = xi * c0 + piece.read(self.previous, self.dtype) * c1
             new += piece.read(grads, self.dtype) * c2
-            piece.write_(self.previous, xi)
+            if keep is not None:
+                assert best is not None
+                piece.write_(best, torch.where(keep, xi, piece.read(best, xi.dtype)))
+            piece.write_(previous, xi)
             piece.write_(target, new, target)
             if not self.straight.isdisjoint(piece.names):
                 moved = piece.read(self.x0, self.dtype) + new
@@ -371,43 +391,67 @@ class Objective:
                 if self._last_piece[name] == i:
                     del grads[name]
                     self.space.params[name].grad = None
-        self.current = target
+        if self._best == "previous":
+            self._best, self.best = "own", self.previous
+        elif self._best == "current":
+            self._best = "previous"
+        self.current, self.previous = target, previous
         self._parked.clear()
         for p in self.space.params.values():
             p.grad = None
         self._move_blocks_(self.current)
 
-    def _keep(self, piece: Piece, xi: Tensor, keep: Tensor | bool) -> None:
-        if self.best is None or keep is False:
-            return
-        if isinstance(keep, bool) or keep.device.type == "cpu":
-            if bool(keep):
-                piece.write_(self.best, xi)
-        else:  # no host synchronisation on an accelerator
-            piece.write_(self.best, torch.where(keep, xi, piece.read(self.best, xi.dtype)))
-
-    @torch.no_grad()
     def keep_best(self, keep: Tensor | bool) -> None:
-        """``best ← ξ_k`` where ``keep``."""
-        for piece in self.space.pieces:
-            self._keep(piece, self._xi(piece), keep)
+        """``best ← ξ_k`` where ``keep``. A ``bool`` (a host decision) takes effect at once: the
+        best point *is* ``ξ_k`` from now, and a best point of its own is freed before the
+        backward pass. A 0-dim tensor (a decision left on the device, so that nothing waits for
+        it) is applied by the next step's pass over the iterate, into a best point of its own,
+        or read on the host by a restart or at the end of the run."""
+        if not self.worst_case or keep is False:
+            return
+        if isinstance(keep, bool):
+            self._best, self.best = "current", None
+        else:
+            self._pending_keep = keep
+
+    def _decide_on_host(self) -> None:
+        """A pending decision taken on the host (where a synchronisation is due anyway)."""
+        keep, self._pending_keep = self._pending_keep, None
+        if keep is not None and bool(keep):
+            self._best, self.best = "current", None
+
+    def best_iterate(self) -> dict[str, Tensor]:
+        """The best iterate of the last Auto-PGD run (parameter coordinates, local parts): the
+        objective's own tensors, valid until the next :meth:`begin`."""
+        self._decide_on_host()
+        if self._best == "current":
+            self._copy_current_(self.previous)  # ξ_{k-1} is not needed once the run is over
+            self._best = "previous"
+        if self._best == "previous":
+            return self.previous
+        assert self.best is not None
+        return self.best
 
     @torch.no_grad()
     def restart(self, best_is_current: bool, k: int) -> None:
         """``ξ_k = ξ_{k-1} = best``, with the gradient at ``best`` in ``.grad``: the backward
         pass of the current iterate's forward pass where ``best`` is the current iterate, else
         (that graph dropped) one more forward and backward pass at ``best``."""
-        assert self.best is not None
+        self._decide_on_host()
         if best_is_current:
+            assert self._best == "current"
             self.gradient()
             self._copy_current_(self.previous)
-            return
-        self._drop_gradient()
-        for name, t in self.previous.items():
-            t.copy_(self.best[name])
-        self._set_current_(self.best)
-        self.evaluate(self.where.iteration(k), grad=True)
-        self.gradient()
+        else:
+            self._drop_gradient()
+            if self._best == "own":
+                assert self.best is not None
+                for name, t in self.previous.items():
+                    t.copy_(self.best[name])
+            self._set_current_(self.previous)
+            self.evaluate(self.where.iteration(k), grad=True)
+            self.gradient()
+        self._best, self.best = "current", None  # (and ξ_{k-1}): no buffer of its own
 
     # ------------------------------------------------------------------ the result
     @torch.no_grad()
@@ -487,3 +531,7 @@ def _recomputes_forward(model: nn.Module) -> bool:
     """Whether the model recomputes parts of its forward pass in the backward pass (Hugging
     Face's activation checkpointing), reading weights whose gradient is already accumulated."""
     return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+
+
+def _fresh(t: Tensor) -> Tensor:
+    return torch.empty_like(t, memory_format=torch.contiguous_format)

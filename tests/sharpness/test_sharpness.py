@@ -416,8 +416,7 @@ class _VectorIterates:
         if bool(keep):
             self.best = self.cur
 
-    def advance(self, c, keep=False):
-        self.keep_best(keep)
+    def advance(self, c):
         self.prev, self.cur = self.cur, c[0] * self.cur + c[1] * self.prev + c[2] * self.g
 
     def restart(self, best_is_current, k):

@@ -1,0 +1,148 @@
+"""The best point of Auto-PGD shares the iterates' tensors while it is one of them.
+
+The objective keeps the best iterate in buffers of its own only while it is older than both the
+current iterate ``ξ_k`` and the previous one ``ξ_{k-1}``; otherwise it *is* one of them. These
+tests follow every run with an independent bookkeeping of Auto-PGD's iterates (copies taken
+after each evaluation) and check, at every step, that the previous iterate, the current one and
+the best one hold exactly what Auto-PGD says, that the result is the best evaluated point, and,
+where the decisions are taken on the host, that no buffer of its own exists when it is not
+needed. The path that leaves the decision on the device is checked the same way.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from quotientgeo import adaptive_sharpness, geodesic_sharpness
+from quotientgeo.sharpness import apgd as apgd_module
+from quotientgeo.sharpness import objective as objective_module
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "geometry"))  # the families' tiny models
+from tiny_families import DT, make
+
+Objective = objective_module.Objective
+
+
+def _problem(name):
+    model, outputs = make(name)
+    target = torch.randn(outputs(model).shape, generator=torch.Generator().manual_seed(2), dtype=DT)
+
+    def loss_fn(m, batch):
+        return (outputs(m) - target).square().mean()
+
+    return model, loss_fn
+
+
+class _Book:
+    """Auto-PGD's iterates as copies: ``(id, tensors)`` of ξ_k, ξ_{k-1} and the best one."""
+
+    def __init__(self):
+        self.cur = self.prev = self.best = None
+        self.best_loss = None
+        self.count = 0
+        self.states: set[str] = set()
+        self.restarts_from_earlier = 0
+
+    def snapshot(self, obj):
+        out = obj.space.empty()
+        obj._copy_current_(out)
+        self.count += 1
+        return (self.count, out)
+
+
+def _equal(a, b, what):
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"{what}: {name}"
+
+
+def _follow(monkeypatch, host: bool) -> _Book:
+    book = _Book()
+    real = {n: getattr(Objective, n) for n in ("begin", "value", "restart", "gram", "advance")}
+    real["best_iterate"] = Objective.best_iterate
+
+    def begin(self, *args, **kwargs):
+        real["begin"](self, *args, **kwargs)
+        book.cur = book.snapshot(self)  # x + ξ_0 read back is rounded; ξ_{-1} = ξ_0 is not
+        book.prev = (book.cur[0], {n: t.clone() for n, t in self.previous.items()})
+        book.best = book.best_loss = None
+
+    def value(self, k, grad):
+        loss = real["value"](self, k, grad)
+        book.cur = book.snapshot(self)
+        if book.best_loss is None or float(loss) > book.best_loss:
+            book.best, book.best_loss = book.cur, float(loss)
+        return loss
+
+    def restart(self, best_is_current, k):
+        if not best_is_current:
+            book.restarts_from_earlier += 1
+        real["restart"](self, best_is_current, k)
+        # the same point; as the weights hold it, ``x + ξ`` read back is rounded
+        book.prev, book.cur = book.best, (book.best[0], book.snapshot(self)[1])
+
+    def gram(self):
+        _equal(self.previous, book.prev[1], "ξ_{k-1}")
+        now = book.snapshot(self)[1]
+        _equal(now, book.cur[1], "ξ_k")
+        book.states.add(self._best)
+        if host:  # a buffer of its own exactly while the best point is older than both
+            own = book.best[0] not in (book.cur[0], book.prev[0])
+            assert (self.best is not None) == own, (self._best, own)
+        return real["gram"](self)
+
+    def advance(self, c):
+        real["advance"](self, c)
+        book.prev = book.cur
+
+    def best_iterate(self):
+        out = real["best_iterate"](self)
+        _equal(out, book.best[1], "best")
+        return out
+
+    for name, fn in [("begin", begin), ("value", value), ("restart", restart), ("gram", gram)]:
+        monkeypatch.setattr(Objective, name, fn)
+    monkeypatch.setattr(Objective, "advance", advance)
+    monkeypatch.setattr(Objective, "best_iterate", best_iterate)
+    if not host:
+        monkeypatch.setattr(apgd_module, "host_tracking", lambda device: False)
+    return book
+
+
+@pytest.mark.parametrize("host", [True, False], ids=["host", "device"])
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_the_iterates_and_the_best_point_are_what_auto_pgd_says(name, host, monkeypatch):
+    model, loss_fn = _problem(name)
+    book = _follow(monkeypatch, host)
+    adaptive_kw = dict(n_iter=30, restarts=2, seed=0, progress=False)
+    kw = dict(adaptive_kw, return_perturbation=True)
+    results = []
+    for rho in (0.3, 10.0):  # 30 steps overshoot, fail to improve twice in a row, restart
+        results += [
+            geodesic_sharpness(model, loss_fn, [None], rho=rho, metric="mix", **kw),
+            geodesic_sharpness(
+                model, loss_fn, [None], rho=rho, metric="inv", perturbation="exact", **kw
+            ),
+            adaptive_sharpness(model, loss_fn, [None], rho=rho, **adaptive_kw),
+        ]
+    assert book.restarts_from_earlier > 0, "no restart from an earlier best point: vacuous"
+    expected = {"current", "previous", "own"} if host else {"previous", "own"}
+    assert expected <= book.states, book.states
+    for result in results:  # the result is the best evaluated value, whatever held the point
+        assert result.worst_losses[0] == max(max(t) for t in result.trace[0])
+
+
+def test_both_paths_give_the_same_perturbation(monkeypatch):
+    """The decision on the host and the decision left on the device keep the same best point."""
+    model, loss_fn = _problem("gpt2")
+    kw = dict(rho=0.3, n_iter=30, restarts=2, seed=0, progress=False, return_perturbation=True)
+    host = geodesic_sharpness(model, loss_fn, [None], metric="mix", **kw)
+    monkeypatch.setattr(apgd_module, "host_tracking", lambda device: False)
+    device = geodesic_sharpness(model, loss_fn, [None], metric="mix", **kw)
+    assert host.trace == device.trace and host.value == device.value
+    assert host.perturbations is not None and device.perturbations is not None
+    _equal(host.perturbations[0], device.perturbations[0], "ξ*")
