@@ -246,6 +246,19 @@ def make(name: str) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
     return model, lambda m: m(input_ids=ids).logits
 
 
+def regression(name: str, seed: int = 2):
+    """``(model, loss_fn)``: the family's tiny model (:func:`make`) and the mean squared error of
+    its output against a fixed random target (``loss_fn(model, batch)`` ignores ``batch``)."""
+    model, outputs = make(name)
+    gen = torch.Generator().manual_seed(seed)
+    target = torch.randn(outputs(model).shape, generator=gen, dtype=DT)
+
+    def loss_fn(m, batch):
+        return (outputs(m) - target).square().mean()
+
+    return model, loss_fn
+
+
 def output_tolerance(name: str) -> dict:
     return {} if FAMILIES[name].exact else dict(rtol=1e-5, atol=1e-6)
 

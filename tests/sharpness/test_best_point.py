@@ -22,19 +22,9 @@ from quotientgeo.sharpness import apgd as apgd_module
 from quotientgeo.sharpness import objective as objective_module
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "geometry"))  # the families' tiny models
-from tiny_families import DT, make
+from tiny_families import regression
 
 Objective = objective_module.Objective
-
-
-def _problem(name):
-    model, outputs = make(name)
-    target = torch.randn(outputs(model).shape, generator=torch.Generator().manual_seed(2), dtype=DT)
-
-    def loss_fn(m, batch):
-        return (outputs(m) - target).square().mean()
-
-    return model, loss_fn
 
 
 class _Book:
@@ -116,7 +106,7 @@ def _follow(monkeypatch, host: bool) -> _Book:
 @pytest.mark.parametrize("host", [True, False], ids=["host", "device"])
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_the_iterates_and_the_best_point_are_what_auto_pgd_says(name, host, monkeypatch):
-    model, loss_fn = _problem(name)
+    model, loss_fn = regression(name)
     book = _follow(monkeypatch, host)
     adaptive_kw = dict(n_iter=30, restarts=2, seed=0, progress=False)
     kw = dict(adaptive_kw, return_perturbation=True)
@@ -138,7 +128,7 @@ def test_the_iterates_and_the_best_point_are_what_auto_pgd_says(name, host, monk
 
 def test_both_paths_give_the_same_perturbation(monkeypatch):
     """The decision on the host and the decision left on the device keep the same best point."""
-    model, loss_fn = _problem("gpt2")
+    model, loss_fn = regression("gpt2")
     kw = dict(rho=0.3, n_iter=30, restarts=2, seed=0, progress=False, return_perturbation=True)
     host = geodesic_sharpness(model, loss_fn, [None], metric="mix", **kw)
     monkeypatch.setattr(apgd_module, "host_tracking", lambda device: False)

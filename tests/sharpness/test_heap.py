@@ -14,7 +14,7 @@ from quotientgeo import geodesic_sharpness, heap
 from quotientgeo.sharpness import objective as objective_module
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "geometry"))  # the families' tiny models
-from tiny_families import DT, make
+from tiny_families import regression
 
 CPU = torch.device("cpu")
 
@@ -31,12 +31,7 @@ def test_only_large_parameters_on_the_cpu_trim(monkeypatch):
 
 @pytest.mark.parametrize("n_iter", [1, 5])
 def test_once_per_step_with_the_parameters_bytes_and_values_unchanged(monkeypatch, n_iter):
-    model, outputs = make("gpt2")
-    target = torch.randn(outputs(model).shape, generator=torch.Generator().manual_seed(3), dtype=DT)
-
-    def loss_fn(m, batch):
-        return (outputs(m) - target).square().mean()
-
+    model, loss_fn = regression("gpt2", seed=3)
     kw = dict(rho=0.05, n_iter=n_iter, progress=False)
     calls = []
 

@@ -19,20 +19,10 @@ from quotientgeo import geodesic_sharpness
 from quotientgeo.sharpness import objective as objective_module
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "geometry"))  # the families' tiny models
-from tiny_families import DT, make
+from tiny_families import regression
 
 FAMILIES = ["gpt2", "llama", "gpt_neox", "bloom", "timm_vit_qk_norm"]
 KW = dict(rho=0.05, n_iter=6, progress=False, return_perturbation=True)
-
-
-def _problem(name):
-    model, outputs = make(name)
-    target = torch.randn(outputs(model).shape, generator=torch.Generator().manual_seed(2), dtype=DT)
-
-    def loss_fn(m, batch):
-        return (outputs(m) - target).square().mean()
-
-    return model, loss_fn
 
 
 def _parks(monkeypatch) -> list[str]:
@@ -59,7 +49,7 @@ def _measures(model, loss_fn):
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_parking_changes_no_number(name, monkeypatch):
-    model, loss_fn = _problem(name)
+    model, loss_fn = regression(name)
     parked = _parks(monkeypatch)
     with_parking = _measures(model, loss_fn)
     assert parked, "no symmetric parameter was parked: the comparison would be vacuous"
@@ -80,7 +70,7 @@ def _hooks(model) -> int:
 
 
 def test_the_hooks_leave_with_the_measure_also_on_errors():
-    model, loss_fn = _problem("gpt2")
+    model, loss_fn = regression("gpt2")
     geodesic_sharpness(model, loss_fn, [None], rho=0.05, n_iter=3, progress=False)
     assert _hooks(model) == 0
     calls = []
@@ -100,7 +90,7 @@ def test_the_hooks_leave_with_the_measure_also_on_errors():
 
 
 def test_a_model_that_recomputes_its_forward_pass_is_not_parked(monkeypatch):
-    model, loss_fn = _problem("gpt2")
+    model, loss_fn = regression("gpt2")
     reference = geodesic_sharpness(model, loss_fn, [None], rho=0.05, n_iter=4, progress=False)
     model.gradient_checkpointing_enable()
     parked = _parks(monkeypatch)
