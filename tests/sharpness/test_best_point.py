@@ -111,7 +111,7 @@ def test_the_iterates_and_the_best_point_are_what_auto_pgd_says(name, host, monk
     adaptive_kw = dict(n_iter=30, restarts=2, seed=0, progress=False)
     kw = dict(adaptive_kw, return_perturbation=True)
     results = []
-    for rho in (0.3, 10.0):  # 30 steps overshoot, fail to improve twice in a row, restart
+    for rho in (0.3,):  # 30 steps overshoot, fail to improve twice in a row, restart
         results += [
             geodesic_sharpness(model, loss_fn, [None], rho=rho, metric="mix", **kw),
             geodesic_sharpness(
