@@ -368,13 +368,14 @@ class Objective:
         grads = self.gradients()
         c0, c1, c2 = (c[i].to(self.dtype) for i in range(3))
         keep, self._pending_keep = self._pending_keep, None
-        best = self.previous if self._best == "previous" else self.best  # where best stays
+        best_is_previous = self._best == "previous"  # ξ_{k-1} stays, as the best point
+        best = self.previous if best_is_previous else self.best
         target, previous = dict(self.current), dict(self.previous)  # where ξ_{k+1}, ξ_k go
         for i, piece in enumerate(self.space.pieces):
             for name in piece.names:
                 if name in self._parked and target[name] is self.current[name]:
                     target[name] = _fresh(self.current[name])
-                if best is self.previous and previous[name] is self.previous[name]:
+                if best_is_previous and previous[name] is self.previous[name]:
                     previous[name] = _fresh(self.previous[name])
             xi = self._xi(piece)
             new = xi * c0 + piece.read(self.previous, self.dtype) * c1
@@ -391,7 +392,7 @@ class Objective:
                 if self._last_piece[name] == i:
                     del grads[name]
                     self.space.params[name].grad = None
-        if self._best == "previous":
+        if best_is_previous:
             self._best, self.best = "own", self.previous
         elif self._best == "current":
             self._best = "previous"
