@@ -124,8 +124,10 @@ def auto_pgd(
             on non-finite values).
         advance: called once per iteration (a progress bar).
 
-    On CUDA the comparison with the best value stays on the device (``torch.where``) to avoid
-    a host sync per iteration, and only the checkpoints synchronise.
+    On an accelerator the comparison with the best value stays on the device (``torch.where``,
+    and :meth:`Iterates.keep_best` gets a 0-dim tensor that the iterates read on the host when
+    the device has later work queued), so that no iteration waits for the device's queue to
+    empty; only the checkpoints synchronise.
     """
     marks = set(checkpoints(n_iter))
     eta, prev_eta, prev_cp = 2.0 * rho, 2.0 * rho, 0

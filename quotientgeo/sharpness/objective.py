@@ -24,9 +24,11 @@ Whether ``ξ_k`` is the new best point is known after its forward pass: a best p
 is freed then, before the backward pass, and the step writes ``ξ_k`` once, as the previous
 iterate that is also the best. So an ascent that improves at every step, or at every other
 step, holds two copies besides the model's weights, its gradients and ``current``; a step after
-two that did not improve holds three (Auto-PGD's checkpoints restart such runs). On an
-accelerator, where the comparison stays on the device so that nothing waits for it, the best
-point keeps buffers of its own from the first step after ``ξ_0``.
+two that did not improve holds three (Auto-PGD's checkpoints restart such runs; a restart
+hands the best point's buffers to ``ξ_{k-1}``). On an accelerator the comparison is computed on
+the device and read on the host only at the step, once the backward pass is queued behind it,
+so that no iteration waits for the device's queue to empty: there the best point has buffers of
+its own at a step after one that did not improve it.
 
 The backward pass does not read a weight again once that weight's gradient is accumulated, so
 at that moment a hook moves ``ξ_k`` of a symmetric parameter into the parameter's own storage
@@ -146,7 +148,7 @@ class Objective:
         # has buffers of its own ("own": ``best``), only while it is older than both.
         self._best = "previous"
         self.best: dict[str, Tensor] | None = None
-        self._pending_keep: Tensor | None = None  # on an accelerator: best ← ξ_k where true
+        self._pending_keep: _HostFlag | None = None  # on an accelerator: best ← ξ_k if true
         self.batch: Any = None
         self.where = Where(0)
         self._pending: tuple[Tensor, Where] | None = None  # a forward pass to differentiate
@@ -364,12 +366,12 @@ class Objective:
         model moves to ``γ_{ξ_{k+1}}(1)``. Piece by piece: a buffer that must keep its value
         (``ξ_k`` parked in the weights, ``ξ_{k-1}`` as the best point) is replaced by a fresh one
         at the parameter's first piece, and every parameter's gradient is freed after its last
-        one, so the step holds no more than the end of the backward pass did."""
+        one, so the step holds no more than the end of the backward pass did. A comparison
+        left on the device by :meth:`keep_best` is read first: the backward pass is queued."""
+        self._decide_on_host()
         grads = self.gradients()
         c0, c1, c2 = (c[i].to(self.dtype) for i in range(3))
-        keep, self._pending_keep = self._pending_keep, None
         best_is_previous = self._best == "previous"  # ξ_{k-1} stays, as the best point
-        best = self.previous if best_is_previous else self.best
         target, previous = dict(self.current), dict(self.previous)  # where ξ_{k+1}, ξ_k go
         for i, piece in enumerate(self.space.pieces):
             for name in piece.names:
@@ -380,9 +382,6 @@ class Objective:
             xi = self._xi(piece)
             new = xi * c0 + piece.read(self.previous, self.dtype) * c1
             new += piece.read(grads, self.dtype) * c2
-            if keep is not None:
-                assert best is not None
-                piece.write_(best, torch.where(keep, xi, piece.read(best, xi.dtype)))
             piece.write_(previous, xi)
             piece.write_(target, new, target)
             if not self.straight.isdisjoint(piece.names):
@@ -405,18 +404,18 @@ class Objective:
     def keep_best(self, keep: Tensor | bool) -> None:
         """``best ← ξ_k`` where ``keep``. A ``bool`` (a host decision) takes effect at once: the
         best point *is* ``ξ_k`` from now, and a best point of its own is freed before the
-        backward pass. A 0-dim tensor (a decision left on the device, so that nothing waits for
-        it) is applied by the next step's pass over the iterate, into a best point of its own,
-        or read on the host by a restart or at the end of the run."""
+        backward pass. A 0-dim tensor (a decision computed on an accelerator) is read on the
+        host once the backward pass is queued behind it: by the step (:meth:`advance`), a
+        restart, or the end of the run."""
         if not self.worst_case or keep is False:
             return
         if isinstance(keep, bool):
             self._best, self.best = "current", None
         else:
-            self._pending_keep = keep
+            self._pending_keep = _HostFlag(keep)
 
     def _decide_on_host(self) -> None:
-        """A pending decision taken on the host (where a synchronisation is due anyway)."""
+        """A pending decision of :meth:`keep_best` taken on the host."""
         keep, self._pending_keep = self._pending_keep, None
         if keep is not None and bool(keep):
             self._best, self.best = "current", None
@@ -445,10 +444,9 @@ class Objective:
             self._copy_current_(self.previous)
         else:
             self._drop_gradient()
-            if self._best == "own":
+            if self._best == "own":  # its buffers become ξ_{k-1}'s; ξ_{k-1}'s are freed
                 assert self.best is not None
-                for name, t in self.previous.items():
-                    t.copy_(self.best[name])
+                self.previous, self.best, self._best = self.best, None, "previous"
             self._set_current_(self.previous)
             self.evaluate(self.where.iteration(k), grad=True)
             self.gradient()
@@ -532,6 +530,30 @@ def _recomputes_forward(model: nn.Module) -> bool:
     """Whether the model recomputes parts of its forward pass in the backward pass (Hugging
     Face's activation checkpointing), reading weights whose gradient is already accumulated."""
     return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+
+
+class _HostFlag:
+    """A 0-dim boolean of the device, copied to the host behind the work queued so far.
+
+    ``bool()`` waits for the copy only, not for work queued after it: read after the backward
+    pass is queued, it leaves the accelerator that backward pass to run meanwhile, so no
+    iteration waits for its queue to empty (``bool(tensor)`` would wait for the whole queue).
+    """
+
+    def __init__(self, flag: Tensor):
+        self.event = None
+        if flag.is_cuda:
+            self.flag = torch.empty((), dtype=flag.dtype, pin_memory=True)
+            self.flag.copy_(flag, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.flag = flag
+
+    def __bool__(self) -> bool:
+        if self.event is not None:
+            self.event.synchronize()
+        return bool(self.flag)
 
 
 def _fresh(t: Tensor) -> Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
 from quotientgeo import GLQuotient, RotaryGLQuotient
@@ -220,8 +220,11 @@ def test_default_integration_meets_its_stated_accuracy(case, metric, size, horiz
     x = case.x
     u = scaled(m, x, m.proju(x, case.u) if horizontal else case.u, size)
     n = m.rk4_steps(m.at(x), u, torch.tensor(1.0))
+    try:
+        reference = integrated(m, x, u, steps=4 * n)  # RK4: 256 times more accurate
+    except ValueError:  # the geodesic leaves GL before t = 1 (e.g. GL(1), both factors → 0)
+        reject()
     y = m.expmap(x, u)
-    reference = integrated(m, x, u, steps=4 * n)  # RK4: 256 times more accurate
     assert displacement_err(y, reference[0], x) <= rtol_for(torch.float64)
 
 

@@ -5,8 +5,10 @@ current iterate ``ξ_k`` and the previous one ``ξ_{k-1}``; otherwise it *is* on
 tests follow every run with an independent bookkeeping of Auto-PGD's iterates (copies taken
 after each evaluation) and check, at every step, that the previous iterate, the current one and
 the best one hold exactly what Auto-PGD says, that the result is the best evaluated point, and,
-where the decisions are taken on the host, that no buffer of its own exists when it is not
-needed. The path that leaves the decision on the device is checked the same way.
+that no buffer of its own exists when it is not needed: where the decisions are taken on the
+host, while the best point is older than both iterates; where the comparison is read on the
+host at the step (on an accelerator), while it is older than ``ξ_{k-1}`` before ``ξ_k`` was
+evaluated; and never during a restart's backward pass.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ class _Book:
     """Auto-PGD's iterates as copies: ``(id, tensors)`` of ξ_k, ξ_{k-1} and the best one."""
 
     def __init__(self):
-        self.cur = self.prev = self.best = None
+        self.cur = self.prev = self.best = self.best_before = None
         self.best_loss = None
+        self.restarting = False
         self.count = 0
         self.states: set[str] = set()
         self.restarts_from_earlier = 0
@@ -52,7 +55,8 @@ def _equal(a, b, what):
 
 def _follow(monkeypatch, host: bool) -> _Book:
     book = _Book()
-    real = {n: getattr(Objective, n) for n in ("begin", "value", "restart", "gram", "advance")}
+    names = ("begin", "value", "restart", "gradient", "gram", "advance")
+    real = {n: getattr(Objective, n) for n in names}
     real["best_iterate"] = Objective.best_iterate
 
     def begin(self, *args, **kwargs):
@@ -63,7 +67,7 @@ def _follow(monkeypatch, host: bool) -> _Book:
 
     def value(self, k, grad):
         loss = real["value"](self, k, grad)
-        book.cur = book.snapshot(self)
+        book.cur, book.best_before = book.snapshot(self), book.best
         if book.best_loss is None or float(loss) > book.best_loss:
             book.best, book.best_loss = book.cur, float(loss)
         return loss
@@ -71,18 +75,28 @@ def _follow(monkeypatch, host: bool) -> _Book:
     def restart(self, best_is_current, k):
         if not best_is_current:
             book.restarts_from_earlier += 1
+        book.restarting = not best_is_current
         real["restart"](self, best_is_current, k)
+        book.restarting = False
         # the same point; as the weights hold it, ``x + ξ`` read back is rounded
         book.prev, book.cur = book.best, (book.best[0], book.snapshot(self)[1])
+        book.best_before = book.best
+
+    def gradient(self):
+        if book.restarting:  # ξ_{k-1} holds the best point: no buffer of its own
+            assert self.best is None and self._best == "previous", self._best
+        real["gradient"](self)
 
     def gram(self):
         _equal(self.previous, book.prev[1], "ξ_{k-1}")
         now = book.snapshot(self)[1]
         _equal(now, book.cur[1], "ξ_k")
         book.states.add(self._best)
-        if host:  # a buffer of its own exactly while the best point is older than both
-            own = book.best[0] not in (book.cur[0], book.prev[0])
-            assert (self.best is not None) == own, (self._best, own)
+        # a buffer of its own exactly while the best point known to the objective is older
+        # than both iterates (on the host: known since ξ_k was evaluated; else: before)
+        known = book.best if host else book.best_before
+        own = known is not None and known[0] not in (book.cur[0], book.prev[0])
+        assert (self.best is not None) == own, (self._best, own)
         return real["gram"](self)
 
     def advance(self, c):
@@ -94,10 +108,9 @@ def _follow(monkeypatch, host: bool) -> _Book:
         _equal(out, book.best[1], "best")
         return out
 
-    for name, fn in [("begin", begin), ("value", value), ("restart", restart), ("gram", gram)]:
-        monkeypatch.setattr(Objective, name, fn)
-    monkeypatch.setattr(Objective, "advance", advance)
-    monkeypatch.setattr(Objective, "best_iterate", best_iterate)
+    wrappers = [begin, value, restart, gradient, gram, advance, best_iterate]
+    for fn in wrappers:
+        monkeypatch.setattr(Objective, fn.__name__, fn)
     if not host:
         monkeypatch.setattr(apgd_module, "host_tracking", lambda device: False)
     return book
