@@ -54,7 +54,7 @@ with warnings.catch_warnings():
 from ..linalg import cholesky, conjugate_gradient
 from ..validation import is_real, positive_int
 from .groups import DEFAULT_CONDITION, random_exp
-from .ode import rk4, steps_for
+from .ode import controlled, rk4, steps_for
 
 if TYPE_CHECKING:
     from .gl.damping import BallDamping
@@ -462,9 +462,28 @@ class QuotientManifold(Manifold):
         p = self.at(x)
         self._check_vector(p, u)
         t = self._times(t, p, u)
+        return self._integrated(
+            lambda n: rk4(lambda y, v: (-self.christoffel(y, v),), (p.x,), (u,), t, n),
+            p,
+            u,
+            t,
+            steps,
+        )
+
+    def _integrated(
+        self,
+        run: Callable[[int], tuple[Tensor, Tensor]],
+        p: AtPoint,
+        u: Tensor,
+        t: Tensor,
+        steps: int | None,
+    ) -> tuple[Tensor, Tensor]:
+        """``run(N)``: ``N = steps``, else :attr:`exp_steps`, else from :meth:`rk4_steps` with
+        the error of the end point checked (:func:`~quotientgeo.manifolds.ode.controlled`)."""
         n = self.rk4_steps(p, u, t, steps)
-        y, v = rk4(lambda y, v: (-self.christoffel(y, v),), (p.x,), (u,), t, n)
-        return y, v
+        if steps is not None or self.exp_steps is not None:
+            return run(n)
+        return controlled(run, n, p.x, self.ndim)
 
     def rk4_steps(self, p: AtPoint, u: Tensor, t: Tensor, steps: int | None = None) -> int:
         """RK4 steps for the geodesic from ``(p, u)`` over ``[0, t]``.

@@ -16,7 +16,7 @@ from quotientgeo import GLQuotient, RotaryGLQuotient
 from quotientgeo.linalg import mT
 from quotientgeo.manifolds import GLTotalSpace
 from quotientgeo.manifolds.gl.inv import inv_geodesic
-from quotientgeo.manifolds.ode import rtol_for, steps_for
+from quotientgeo.manifolds.ode import controlled, rk4, rtol_for, steps_for
 from quotientgeo.testing.numerics import conditioned, gen, rel_err, tol
 from quotientgeo.testing.strategies import gl_cases
 
@@ -226,6 +226,30 @@ def test_default_integration_meets_its_stated_accuracy(case, metric, size, horiz
         reject()
     y = m.expmap(x, u)
     assert displacement_err(y, reference[0], x) <= rtol_for(torch.float64)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 400])
+def test_error_control_reaches_the_tolerance_from_any_count(n):
+    """RK4 on ``ÿ = -y`` (``y(t) = cos t``, 2 × 2 matrices as points, a batch of end times): the
+    control grows a count that is too small until the end point is within ``rtol`` of the
+    displacement, and a count that suffices costs one run more, of half its steps."""
+    x = torch.ones(3, 2, 2, dtype=torch.float64)
+    t = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64).reshape(3, 1, 1)
+    counts = []
+
+    def run(steps):
+        counts.append(steps)
+        y, v = rk4(lambda y, v: (-y,), (x,), (torch.zeros_like(x),), t, steps)
+        return y, v
+
+    y, _ = controlled(run, n, x, ndim=2)
+    exact = torch.cos(t) * x
+    assert displacement_err(y, exact, x) <= rtol_for(torch.float64)
+    assert counts[0] == max(n, 2) // 2 and counts[1] == max(n, 2)
+    if n == 400:  # 400 steps suffice: the reference and the run
+        assert len(counts) == 2
+    else:
+        assert len(counts) > 2 and counts == sorted(counts)
 
 
 def test_step_count_rule():

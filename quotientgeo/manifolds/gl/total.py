@@ -253,7 +253,6 @@ class GLTotalSpace(TotalSpace):
         p = self.at(x)
         self._check_vector(p, u)
         t = self._times(t, p, u)
-        n_steps = self.rk4_steps(p, u, t, steps)
         (G, H), (uG, uH) = self.split(p), self.split(u)
         batch = torch.broadcast_shapes(p.x.shape[:-2], u.shape[:-2], t.shape[:-2])
         BG, BH = (torch.cat(torch.broadcast_tensors(F, uF), -1) for F, uF in ((G, uG), (H, uH)))
@@ -273,8 +272,11 @@ class GLTotalSpace(TotalSpace):
             (aG, bG, _), (aH, bH, _) = self.gamma_coefficients(k, True)
             return -(CG @ aG + DG @ bG), -(CH @ aH + DH @ bH)
 
-        CG, CH, DG, DH = rk4(acceleration, (C0, C0), (D0, D0), t, n_steps)
-        return self.join(BG @ CG, BH @ CH), self.join(BG @ DG, BH @ DH)
+        def run(n: int) -> tuple[Tensor, Tensor]:
+            CG, CH, DG, DH = rk4(acceleration, (C0, C0), (D0, D0), t, n)
+            return self.join(BG @ CG, BH @ CH), self.join(BG @ DG, BH @ DH)
+
+        return self._integrated(run, p, u, t, steps)
 
     def expmap(self, x: Tensor | AtPoint, u: Tensor, *, steps: int | None = None) -> Tensor:
         """The exact exponential map ``γ(1)`` (:meth:`geodesic`)."""
