@@ -10,7 +10,7 @@ on well-conditioned points and up to about 5 where a factor's condition number i
 rate grows along such paths). The rule ``N = ⌈κ (C / rtol)^{1/4}⌉`` with ``C = 16`` gives a
 relative error of the end point (to the displacement ``γ(1) - x``) below ``rtol`` there:
 ``1e-8`` in float64, ``1e-5`` otherwise, on most paths; but the rate is read at the start
-only, and on rare mix paths (about one in a hundred drawn as in the accuracy test of the
+only, and on rare mix paths (7 of 1200 paths drawn as in the accuracy test of the
 geodesics: factor condition numbers up to 10, metric norms up to 1.5) it grows enough along
 the way that the rule's count misses ``rtol`` by up to tens of times. So an automatic count is
 checked (:func:`controlled`): the end point is compared with a run of half the steps, and the
