@@ -462,13 +462,12 @@ class QuotientManifold(Manifold):
         p = self.at(x)
         self._check_vector(p, u)
         t = self._times(t, p, u)
-        return self._integrated(
-            lambda n: rk4(lambda y, v: (-self.christoffel(y, v),), (p.x,), (u,), t, n),
-            p,
-            u,
-            t,
-            steps,
-        )
+
+        def run(n: int) -> tuple[Tensor, Tensor]:
+            y, v = rk4(lambda y, v: (-self.christoffel(y, v),), (p.x,), (u,), t, n)
+            return y, v
+
+        return self._integrated(run, p, u, t, steps)
 
     def _integrated(
         self,
