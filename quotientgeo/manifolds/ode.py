@@ -14,7 +14,9 @@ only, and on rare mix paths (7 of 1200 paths drawn as in the accuracy test of th
 geodesics: factor condition numbers up to 10, metric norms up to 1.5) it grows enough along
 the way that the rule's count misses ``rtol`` by up to tens of times. So an automatic count is
 checked (:func:`controlled`): the end point is compared with a run of half the steps, and the
-count grows until the estimated error is below ``rtol / 2``. ``steps=`` (or ``exp_steps``)
+count grows until the estimated error is below ``rtol / 2``, or until the two runs agree to
+their rounding (a displacement small against the point, in float32, cannot be resolved to
+``rtol``: there more steps would add rounding, not accuracy). ``steps=`` (or ``exp_steps``)
 fixes the count and skips the check.
 """
 
@@ -66,17 +68,22 @@ def controlled(
     run: Callable[[int], tuple[Tensor, Tensor]], n: int, x: Tensor, ndim: int
 ) -> tuple[Tensor, Tensor]:
     """``run(N)`` (``(γ(t), γ'(t))`` in ``N`` RK4 steps) with ``N ≥ n`` large enough that the
-    estimated relative error of the end point is below :func:`rtol_for` its dtype.
+    estimated relative error of the end point is below :func:`rtol_for` its dtype, or at the
+    end point's rounding where that is larger.
 
     The error of ``y_N`` is estimated from a run with ``M = ⌊N/2⌋`` steps (Richardson; RK4's
     error goes as ``N⁻⁴``): ``e_N ≈ ||y_M − y_N|| / ((N/M)⁴ − 1)``, relative to the displacement
-    ``||y_N − x||`` over the trailing ``ndim`` dimensions, the maximum over the batch. Where it
-    is above half the tolerance (the estimate is asymptotic), ``N`` grows by the factor
-    ``(2 e_N / rtol)^{1/4}`` (with a margin) and the last run is the new reference. The
-    reference runs without gradient: the cost is ``1.5 N`` steps where the rule's count
-    suffices. At :data:`MAX_STEPS` it warns and stops.
+    ``||y_N − x||`` over the trailing ``ndim`` dimensions. ``N`` is accepted where, for every
+    point of the batch, ``e_N`` is below half the tolerance (the estimate is asymptotic) or
+    the two runs differ by no more than their rounding, ``||y_M − y_N|| ≤ 4 √N ε ||y_N||``
+    (``ε`` the dtype's machine epsilon): a displacement that is small against the point, in
+    float32 say, cannot be resolved to ``rtol``, and more steps would only add rounding. Else
+    ``N`` grows by the factor ``(2 e_N / rtol)^{1/4}`` (with a margin) and the last run is the
+    new reference. The reference runs without gradient: the cost is ``1.5 N`` steps where the
+    rule's count suffices. At :data:`MAX_STEPS` it warns and stops.
     """
     rtol, dims = rtol_for(x.dtype), tuple(range(-ndim, 0))
+    eps = torch.finfo(x.dtype).eps
     n = min(max(n, 2), MAX_STEPS)
     m = n // 2
     with torch.no_grad():
@@ -88,7 +95,9 @@ def controlled(
             gap = torch.linalg.vector_norm(y - reference, dim=dims)
             moved = torch.linalg.vector_norm(y - x, dim=dims)
             ratio = gap / ((n / m) ** 4 - 1) / (0.5 * rtol * moved)
-            worst = float(torch.where(moved > 0, ratio, 0.0).max()) if ratio.numel() else 0.0
+            rounding = gap <= 4 * math.sqrt(n) * eps * torch.linalg.vector_norm(y, dim=dims)
+            ratio = torch.where((moved > 0) & ~rounding, ratio, 0.0)
+            worst = float(ratio.max()) if ratio.numel() else 0.0
         if worst <= 1.0:
             return out
         if n >= MAX_STEPS or not math.isfinite(worst):

@@ -7,6 +7,9 @@ group action, the metric, and finite differences.
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import pytest
 import torch
 from hypothesis import given, reject, settings
@@ -250,6 +253,35 @@ def test_error_control_reaches_the_tolerance_from_any_count(n):
         assert len(counts) == 2
     else:
         assert len(counts) > 2 and counts == sorted(counts)
+
+
+@pytest.mark.parametrize("offset", [1.0, 1e2, 1e4, 1e6])
+def test_error_control_stops_at_the_rounding_of_the_end_point(offset):
+    """``ÿ = -(y - c)`` in float32, ``y(t) = c + cos t``: the displacement (about 0.46) is small
+    against the point (``c``), so float32 resolves it only to ``ε c / 0.46``, above ``rtol``.
+    The control accepts the first count whose two runs agree to their rounding (before, it
+    grew the count to ``MAX_STEPS``, each run adding rounding, and warned), and the end point
+    is within that rounding of the exact one."""
+    c = torch.full((3, 2, 2), offset, dtype=torch.float32)
+    x = c + 1
+    t = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float32).reshape(3, 1, 1)
+    counts = []
+
+    def run(steps):
+        counts.append(steps)
+        y, v = rk4(lambda y, v: (-(y - c),), (x,), (torch.zeros_like(x),), t, steps)
+        return y, v
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        y, _ = controlled(run, 36, x, ndim=2)  # 36: the rule's count for a rate of 1 (float32)
+    exact = c.double() + torch.cos(t.double())
+    eps = torch.finfo(torch.float32).eps
+    resolution = 4 * math.sqrt(36) * eps * torch.linalg.vector_norm(exact, dim=(-2, -1))
+    assert (torch.linalg.vector_norm(y.double() - exact, dim=(-2, -1)) <= resolution).all()
+    assert counts == [18, 36]  # the reference and the run: no growth
+    if offset == 1.0:  # where float32 resolves the displacement, to rtol as well
+        assert displacement_err(y.double(), exact, x.double()) <= rtol_for(torch.float32)
 
 
 def test_step_count_rule():
