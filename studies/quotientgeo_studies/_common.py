@@ -28,6 +28,7 @@ __all__ = [
     "out_dir",
     "print_table",
     "progress",
+    "resampled_tau_b",
     "save_figure",
     "spawn",
     "threads",
@@ -131,6 +132,38 @@ def granulated_tau(
     return out
 
 
+def resampled_tau_b(x, y, indices):
+    """Kendall τ-b of ``(x[i], y[i])`` for every row ``i`` of ``indices`` (bootstrap resamples,
+    ``(..., m)``): the statistic of :func:`scipy.stats.kendalltau` on each, to the bit.
+
+    ``τ_b = Σ s_x s_y / sqrt(n₀ - t_x) / sqrt(n₀ - t_y)`` over the ``n₀ = m(m-1)/2`` pairs of a
+    resample, ``s = sign`` of the pair's difference, ``t_x``, ``t_y`` the pairs tied in ``x``,
+    in ``y`` (a point drawn twice is tied with itself), clipped to ``[-1, 1]`` in scipy's order
+    of operations; NaN where one side is constant. A sum over a resample's pairs is a quadratic
+    form of its multiplicities ``c`` (how often it draws each point): ``Σ_{a,b} S[i_a, i_b] =
+    cᵀ S c``, one matrix product for all resamples instead of a sort per resample.
+    """
+    import numpy as np
+
+    x, y, indices = np.asarray(x), np.asarray(y), np.asarray(indices)
+    n, m = len(x), indices.shape[-1]
+    rows = indices.reshape(-1, m)
+    flat = (rows + n * np.arange(len(rows))[:, None]).ravel()
+    counts = np.bincount(flat, minlength=len(rows) * n).reshape(len(rows), n).astype(float)
+    sx, sy = np.sign(x[:, None] - x[None, :]), np.sign(y[:, None] - y[None, :])
+
+    def pairs(matrix):  # Σ over the ordered pairs a ≠ b of the resample (exact integers)
+        both = ((counts @ matrix) * counts).sum(axis=1) - counts @ np.diagonal(matrix)
+        return np.rint(both).astype(np.int64) // 2
+
+    concordance, tied_x, tied_y = pairs(sx * sy), pairs(sx == 0), pairs(sy == 0)
+    total = m * (m - 1) // 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tau = np.clip(concordance / np.sqrt(total - tied_x) / np.sqrt(total - tied_y), -1.0, 1.0)
+    tau = np.where((tied_x == total) | (tied_y == total), np.nan, tau)
+    return tau.reshape(indices.shape[:-1])
+
+
 def kendall_interval(
     x: Sequence[float],
     y: Sequence[float],
@@ -141,17 +174,20 @@ def kendall_interval(
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of Kendall τ-b over models: pairs ``(x_i, y_i)`` resampled
     with replacement (:func:`scipy.stats.bootstrap`, ``paired=True``) among the finite pairs;
-    resamples on which τ is undefined (one side constant) are left out of the percentiles."""
+    resamples on which τ is undefined (one side constant) are left out of the percentiles. The
+    resamples are drawn as indices of the pairs, as ``paired=True`` draws them, and their τ are
+    computed together (:func:`resampled_tau_b`: the values of one
+    :func:`scipy.stats.kendalltau` per resample, hundreds of times faster)."""
     import numpy as np
-    from scipy.stats import DegenerateDataWarning, bootstrap, kendalltau
+    from scipy.stats import DegenerateDataWarning, bootstrap
 
+    a, b = finite_pairs(x, y)
     with warnings.catch_warnings():  # scipy warns of NaN resamples, which nanpercentile drops
         warnings.simplefilter("ignore", DegenerateDataWarning)
         res = bootstrap(
-            finite_pairs(x, y),
-            lambda a, b: kendalltau(a, b)[0],  # the statistic
-            paired=True,
-            vectorized=False,
+            (np.arange(len(a)),),
+            lambda i, axis=-1: resampled_tau_b(a, b, np.moveaxis(i, axis, -1)),
+            vectorized=True,
             n_resamples=resamples,
             method="percentile",
             rng=np.random.default_rng(seed),
