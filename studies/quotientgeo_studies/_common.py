@@ -177,7 +177,8 @@ def kendall_interval(
     resamples on which τ is undefined (one side constant) are left out of the percentiles. The
     resamples are drawn as indices of the pairs, as ``paired=True`` draws them, and their τ are
     computed together (:func:`resampled_tau_b`: the values of one
-    :func:`scipy.stats.kendalltau` per resample, hundreds of times faster)."""
+    :func:`scipy.stats.kendalltau` per resample; 2000 resamples of 3 to 120 pairs about 90
+    times faster)."""
     import numpy as np
     from scipy.stats import DegenerateDataWarning, bootstrap
 
