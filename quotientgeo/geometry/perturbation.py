@@ -24,6 +24,7 @@ import functools
 import itertools
 import math
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -39,6 +40,7 @@ Tensor = torch.Tensor
 
 __all__ = [
     "MOVES",
+    "BasePoint",
     "BlockChunk",
     "PerturbationSpace",
     "Perturbations",
@@ -94,9 +96,11 @@ class PerturbationSpace:
     :class:`~quotientgeo.AdaptiveGeometry` (adaptive norm, perturbations kept horizontal).
     """
 
-    def __init__(self, manifold, x: Tensor, move: str, ball):
+    def __init__(self, manifold, x: Tensor, move: str, ball, factors: dict | None = None):
         self.manifold = manifold
         self.point = manifold.at(x)
+        if factors is not None:  # the factors of this base point computed by earlier spaces
+            self.point.cache = _KeptFactors(factors, x)
         self.linear = move == "retr"
         self.move = functools.partial(getattr(manifold, move), self.point)
         self.first_order = functools.partial(manifold.retr, self.point)  # ``x + ξ``
@@ -141,6 +145,63 @@ class PerturbationSpace:
         ``proj(T e)`` with ``Tᵀ M T = I`` in the ball metric, isotropic before the projection
         (the ``random_tangent`` recipe of :class:`~quotientgeo.QuotientManifold`)."""
         return self.manifold.proju(self.point, self.ball.isotropic(self.ball_point, e))
+
+
+def is_factor(value: Any, x: Tensor) -> bool:
+    """Whether a cached quantity of the point ``x`` (``(..., k, h)``, a batch of heads) is
+    ``h × h`` data per head: a number, or tensors (a tuple of them) of trailing shape
+    ``(h, h)``, ``(h, 1)``, ``(1, h)`` or ``(1, 1)`` that are neither ``x`` nor views of it.
+    Gram matrices, their damping, Cholesky factors, inverses and eigenbases are; a point's
+    element-wise scale, its parts and objects holding them are not."""
+    if isinstance(value, (int, float)):
+        return True
+    if isinstance(value, tuple):
+        return all(is_factor(v, x) for v in value)
+    if not isinstance(value, Tensor) or x.dim() < 3 or value.dim() < 2:
+        return False
+    h = x.shape[-1]
+    square = all(n in (1, h) for n in value.shape[-2:]) and value.shape[-2:] != x.shape[-2:]
+    return square and value.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+class _KeptFactors(dict):
+    """A point's cache (:class:`~quotientgeo.manifolds.AtPoint`) that starts with the factors
+    kept for its base point and adds the new ones to them (:func:`is_factor`)."""
+
+    def __init__(self, kept: dict, x: Tensor):
+        super().__init__(kept)
+        self.kept, self.x = kept, x
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        if is_factor(value, self.x):
+            self.kept[key] = value
+
+
+class BasePoint:
+    """The parts' :class:`PerturbationSpace` at one fixed point, its factors computed once.
+
+    Every space that a part gets here shares the part's ``h × h`` factors (:func:`is_factor`:
+    Gram matrices, damping, Cholesky factors, inverses, Sylvester eigenbases), computed by the
+    first space that needs them and reused by every later one, so that a measurement, whose
+    base point ``x0`` is fixed, factorises it once instead of once per pass. Only factors are
+    kept, a few ``h × h`` matrices per head; the part's point itself is gathered again for each
+    space (one transient chunk, as before).
+
+    Args:
+        x: the point in parameter coordinates (by name; local parts).
+        dtype: the compute dtype the parts are read in.
+    """
+
+    def __init__(self, x: Mapping[str, Tensor], dtype: torch.dtype):
+        self.x, self.dtype = x, dtype
+        self._factors: dict[BlockChunk | Piece, dict[str, Any]] = {}
+
+    def space(self, part: BlockChunk | Piece, x: Tensor | None = None) -> PerturbationSpace:
+        """``part`` at the point (``x``: its point, already read), with the factors kept."""
+        if x is None:
+            x = part.read(self.x, self.dtype)
+        return part.space(x, self._factors.setdefault(part, {}))
 
 
 class BlockChunk:
@@ -189,8 +250,8 @@ class BlockChunk:
         for name, p in self.params.items():
             tensors[name].copy_(sh.local_part(whole[name], p))
 
-    def space(self, x: Tensor) -> PerturbationSpace:
-        return PerturbationSpace(self.manifold, x, self.move, self.ball)
+    def space(self, x: Tensor, factors: dict | None = None) -> PerturbationSpace:
+        return PerturbationSpace(self.manifold, x, self.move, self.ball, factors)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -265,8 +326,8 @@ class Piece:
             if names is None or seg.name in names:
                 seg.write_(tensors[seg.name], part)
 
-    def space(self, x: Tensor) -> PerturbationSpace:
-        return PerturbationSpace(self.manifold, x, "retr", self.manifold)
+    def space(self, x: Tensor, factors: dict | None = None) -> PerturbationSpace:
+        return PerturbationSpace(self.manifold, x, "retr", self.manifold, factors)
 
 
 def cut(entries: list[tuple[str, int, Tensor | None]], size: int = 0) -> list[list[Segment]]:
