@@ -59,8 +59,13 @@ MOVES = {
 
 #: Entries of one :class:`Piece` (of the adaptive rest, or of an element-wise pass).
 PIECE = 2**22
-#: Parameters of fewer entries share pieces; larger ones are read as views of themselves.
-SMALL = 2**16
+#: Parameters of fewer entries share pieces (read as one concatenated copy, written back in one
+#: ``_foreach_copy_``); larger ones are read as views of themselves, sliced into pieces. A
+#: piece costs some forty operators per pass whatever its size, and each operator costs about
+#: what moving tens of megabytes does (a launch against the bandwidth of a GPU), so parameters
+#: up to a whole piece share: a model's small and middle-sized parameters cost a few pieces'
+#: operators, not a few per layer.
+SMALL = 2**22
 #: A :class:`BlockChunk` holds, in the compute dtype, at most this fraction of the bytes of the
 #: parameters in their own dtype (so half-precision weights get chunks of half the entries:
 #: their float32 transients count against the same budget), and at least one block. A pass
@@ -131,14 +136,14 @@ class PerturbationSpace:
 
     def gram(self, *vectors: Tensor) -> Tensor:
         """The Gram matrix ``<vᵢ, vⱼ>`` in the ball's metric, summed over the batch (``k × k``
-        for ``k`` vectors): the metric ``M(x)`` applied once per vector, then dot products."""
-        images = [self.ball.metric(self.ball_point, v).reshape(-1) for v in vectors]
-        flat = [v.reshape(-1) for v in vectors]
+        for ``k`` vectors): ``V = [v₁; …; v_k]`` stacked, the metric applied once to the stack
+        (a leading batch dimension), ``V M(x) Vᵀ`` in one matrix product, and its upper
+        triangle mirrored (``M`` is symmetric: the result is exactly symmetric)."""
+        stacked = torch.stack(vectors)
+        images = self.ball.metric(self.ball_point, stacked)
         k = len(vectors)
-        upper = {(i, j): torch.dot(flat[i], images[j]) for i in range(k) for j in range(i, k)}
-        return torch.stack(
-            [torch.stack([upper[min(i, j), max(i, j)] for j in range(k)]) for i in range(k)]
-        )
+        full = stacked.reshape(k, -1) @ images.reshape(k, -1).mT
+        return full.triu() + full.triu(1).mT
 
     def random(self, e: Tensor) -> Tensor:
         """The horizontal direction of the standard Gaussian draw ``e`` (of the point's shape):
@@ -321,10 +326,22 @@ class Piece:
     @torch.no_grad()
     def write_(self, tensors: Mapping[str, Tensor], values: Tensor, names=None) -> None:
         """Write ``values`` into the piece's entries of ``tensors`` (of the parameters
-        ``names`` only, where given), in place."""
+        ``names`` only, where given), in place: the whole segments of contiguous tensors in one
+        ``_foreach_copy_``, the others segment by segment."""
+        targets, sources = [], []
         for seg, part in zip(self.segments, self.split(values), strict=True):
-            if names is None or seg.name in names:
-                seg.write_(tensors[seg.name], part)
+            if names is not None and seg.name not in names:
+                continue
+            t = tensors[seg.name]
+            if seg.mask is None and t.is_contiguous():
+                targets.append(t.view(-1)[seg.start : seg.stop])
+                sources.append(part)
+            else:
+                seg.write_(t, part)
+        if len(targets) == 1:
+            targets[0].copy_(sources[0])
+        elif targets:
+            torch._foreach_copy_(targets, sources)
 
     def space(self, x: Tensor, factors: dict | None = None) -> PerturbationSpace:
         return PerturbationSpace(self.manifold, x, "retr", self.manifold, factors)

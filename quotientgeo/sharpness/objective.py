@@ -194,6 +194,8 @@ class Objective:
     def _xi(self, piece: Piece) -> Tensor:
         """The piece's entries of the current iterate ``ξ_k`` (compute dtype; a view of
         ``current`` where it is held there)."""
+        if all(seg.name not in self.current for seg in piece.segments):  # read off the weights
+            return piece.read(self.weights, self.dtype) - piece.read(self.x0, self.dtype)
         parts = [
             seg.of(self.current[seg.name]).to(self.dtype)
             if seg.name in self.current
