@@ -29,7 +29,7 @@ def progress_bar(
     leave: bool = False,
     lines: bool = False,
     file: IO[str] | None = None,
-) -> tqdm:
+) -> plain_tqdm:
     """A tqdm bar over ``iterable`` (or one to ``update`` by hand), off when ``enabled`` is
     false and when the output is not a terminal. With ``lines``, an enabled bar whose output
     (``file``, default ``sys.stderr``) is not a terminal is a :class:`PhaseLines` instead: a
