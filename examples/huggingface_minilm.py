@@ -81,7 +81,8 @@ print(f"forward+backward over {len(loader)} batches: {floor_s:.2f} s, peak {floo
 kw = dict(rho=RHO, n_iter=N_ITER, progress=False)
 for name, measure in [("geodesic", qg.geodesic_sharpness), ("adaptive", qg.adaptive_sharpness)]:
     result = measure(model, loss_fn, loader, **kw)
+    base = sum(result.base_losses) / len(result.base_losses)
     print(
-        f"{name} sharpness {result.value:.4f} (base loss {sum(result.base_losses) / len(loader):.4f}), "
+        f"{name} sharpness {result.value:.4f} (base loss {base:.4f}), "
         f"{result.wall_time:.1f} s, peak {peak_mib():.0f} MiB"
     )
