@@ -8,6 +8,7 @@ The site itself (links, anchors, cross-references of the docstrings) is checked 
 
 from __future__ import annotations
 
+import os
 import re
 import runpy
 import subprocess
@@ -30,6 +31,7 @@ SKIP = re.compile(r"<!--\s*docs-test:\s*skip\s*\((.+)\)\s*-->")
 FENCE = re.compile(r"^```python\s*$")
 # a line of a block that includes a file (pymdownx.snippets), path relative to the repository
 SNIPPET = re.compile(r'^--8<--\s+"([^"]+)"\s*$')
+TORCHRUN = re.compile(r"^# \S+\.py — run with: torchrun ")
 
 # examples that no test runs, with the reason (each is still compiled and linted)
 EXAMPLES_NOT_RUN = {
@@ -90,8 +92,19 @@ def test_code_blocks_are_found():
 
 @pytest.mark.parametrize("code", RUNNABLE)
 def test_code_block_runs_on_its_own(code, tmp_path, monkeypatch):
-    """Each block runs in a fresh namespace, in a fresh folder (files it writes land there)."""
+    """Each block runs in a fresh namespace, in a fresh folder (files it writes land there); a
+    script for ``torchrun`` (its first line ``# NAME.py — run with: torchrun ...``) runs under
+    ``torchrun --standalone --nproc_per_node 2`` on the CPU."""
     monkeypatch.chdir(tmp_path)
+    if TORCHRUN.match(code):
+        (tmp_path / "script.py").write_text(code, encoding="utf-8")
+        path = os.pathsep.join(p for p in sys.path if p)  # what this process imports
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        done = subprocess.run([*torchrun, "--nproc_per_node", "2", "script.py"], text=True,
+                              env={**os.environ, "PYTHONPATH": path}, capture_output=True,
+                              timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return
     exec(compile(code, "<docs block>", "exec"), {"__name__": "__docs__"})
 
 
