@@ -123,10 +123,9 @@ def test_code_blocks_compile_and_name_nothing_undefined(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_skips_give_a_reason_and_every_page_has_its_blocks_run():
-    skipped = [(page, line, skip) for page, line, _, skip in BLOCKS if skip]
-    assert all(len(reason) > 10 for _, _, reason in skipped), skipped
-    assert len(RUNNABLE) > 3 * len(skipped)
+def test_a_skipped_block_says_why():
+    for page, line, _, skip in BLOCKS:
+        assert skip is None or len(skip.split()) >= 3, f"{page}:{line}: skipped for {skip!r}"
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
