@@ -73,7 +73,9 @@ def all_blocks() -> list[tuple[str, int, str, str | None]]:
 
 BLOCKS = all_blocks()
 RUNNABLE = [
-    pytest.param(code, id=f"{page}:{line}") for page, line, code, skip in BLOCKS if not skip
+    pytest.param(f"{page}:{line}", code, id=f"{page}:{line}")
+    for page, line, code, skip in BLOCKS
+    if not skip
 ]
 INCLUDED = {  # examples a page includes whole: they run as its block
     m.group(1)
@@ -90,8 +92,8 @@ def test_code_blocks_are_found():
     assert code == (ROOT / "examples/quickstart.py").read_text().rstrip("\n")
 
 
-@pytest.mark.parametrize("code", RUNNABLE)
-def test_code_block_runs_on_its_own(code, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("where", "code"), RUNNABLE)
+def test_code_block_runs_on_its_own(where, code, tmp_path, monkeypatch):
     """Each block runs in a fresh namespace, in a fresh folder (files it writes land there); a
     script for ``torchrun`` (its first line ``# NAME.py — run with: torchrun ...``) runs under
     ``torchrun --standalone --nproc_per_node 2`` on the CPU."""
@@ -105,7 +107,7 @@ def test_code_block_runs_on_its_own(code, tmp_path, monkeypatch):
                               timeout=600)  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         return
-    exec(compile(code, "<docs block>", "exec"), {"__name__": "__docs__"})
+    exec(compile(code, where, "exec"), {"__name__": "__docs__"})
 
 
 def test_code_blocks_compile_and_name_nothing_undefined(tmp_path):
