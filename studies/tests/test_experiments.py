@@ -163,7 +163,12 @@ def test_diagonal_one_population(tmp_path, capsys):
     d = json.loads((tmp_path / "diagonal.json").read_text())
     assert list(d["populations"]) == ["sgd"] and list(d["kendall_tau"]) == ["sgd"]
     lines = [line for line in capsys.readouterr().err.splitlines() if " steps" in line]
-    phases = ["training sgd (seed 0, converged)", "calibrating ρ₁ (sgd)", "τ(ρ) grid (sgd, models)"]
+    phases = [
+        "training sgd (seed 0, converged)",
+        "calibrating ρ₁ (sgd)",
+        "τ(ρ) grid (sgd, models)",
+        "analysing",
+    ]
     assert len(lines) == 2 * len(phases)
     for phase, start, end in zip(phases, lines[::2], lines[1::2], strict=True):
         assert re.fullmatch(rf"{re.escape(phase)}: started \((\d+) steps\)", start)
