@@ -4,7 +4,13 @@ Quotient manifolds of parameter symmetries as :class:`geoopt.Manifold` subclasse
 geodesic sharpness of whole models measured on them (da Silva, Dangel & Oore, ICML 2025).
 """
 
-from . import optim
+from . import curvature, optim
+from .curvature import (
+    RiemannianHessian,
+    hessian_density,
+    hessian_eigenvalues,
+    hessian_trace,
+)
 from .geometry import ParameterGeometry, Source, find_symmetries
 from .manifolds import (
     AdaptiveGeometry,
@@ -46,6 +52,7 @@ __all__ = [
     "ProductQuotient",
     "QuotientManifold",
     "RescaleQuotient",
+    "RiemannianHessian",
     "RotaryGLQuotient",
     "ScaleQuotient",
     "SharpnessResult",
@@ -55,8 +62,12 @@ __all__ = [
     "adaptive_sharpness",
     "average_sharpness",
     "calibrate_rho",
+    "curvature",
     "find_symmetries",
     "geodesic_sharpness",
+    "hessian_density",
+    "hessian_eigenvalues",
+    "hessian_trace",
     "optim",
     "relative_flatness",
 ]

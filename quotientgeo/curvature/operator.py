@@ -301,7 +301,7 @@ class RiemannianHessian(_SymmetricOperator):
             back = torch.autograd.grad(xi, z, c, allow_unused=True)
             out.append(
                 self._join(
-                    [torch.zeros_like(t) if b is None else b for t, b in zip(z, back, strict=False)]
+                    [torch.zeros_like(t) if b is None else b for t, b in zip(z, back, strict=True)]
                 )
             )
         self.products += len(columns)
