@@ -4,7 +4,7 @@ Quotient manifolds of parameter symmetries as :class:`geoopt.Manifold` subclasse
 geodesic sharpness of whole models measured on them (da Silva, Dangel & Oore, ICML 2025).
 """
 
-from . import curvature, optim
+from . import optim
 from .curvature import (
     RiemannianHessian,
     hessian_density,
@@ -62,7 +62,6 @@ __all__ = [
     "adaptive_sharpness",
     "average_sharpness",
     "calibrate_rho",
-    "curvature",
     "find_symmetries",
     "geodesic_sharpness",
     "hessian_density",

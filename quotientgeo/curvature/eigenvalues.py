@@ -150,13 +150,14 @@ def _solve(
         A = op.to_scipy()
         if method == "lanczos":
             v0 = rng.standard_normal(n).astype(A.dtype)
-            values = eigsh(
-                A, k=k, which="LA" if which == "largest" else "SA", tol=tol, maxiter=max_iter,
-                v0=v0, return_eigenvectors=False,
-            )  # fmt: skip
+            side = "LA" if which == "largest" else "SA"
+            # scipy's annotation says tol: int; it is a float
+            options: dict[str, Any] = {"tol": tol, "maxiter": max_iter, "v0": v0}
+            values = eigsh(A, k=k, which=side, return_eigenvectors=False, **options)
         else:
             X = rng.standard_normal((n, k)).astype(A.dtype)
-            values, _ = lobpcg(A, X, largest=which == "largest", tol=tol, maxiter=max_iter or 200)  # pyright: ignore[reportGeneralTypeIssues]
+            largest = which == "largest"
+            values, _ = lobpcg(A, X, largest=largest, tol=tol, maxiter=max_iter or 200)
     ordered = np.sort(np.asarray(values, dtype=float))
     chosen = ordered[::-1][:k] if which == "largest" else ordered[:k]
     return [float(v) for v in chosen]

@@ -155,7 +155,10 @@ def _curvlinops(hessian: RiemannianHessian, method: str, n_probes: int, seed: in
     """curvlinops' ``hutchpp_trace`` or ``xtrace`` on the operator (its probes from torch's
     global generator, seeded with ``seed`` inside a forked RNG state)."""
     try:
-        from curvlinops import hutchpp_trace, xtrace
+        from curvlinops import (  # pyright: ignore[reportMissingImports] (an optional extra)
+            hutchpp_trace,
+            xtrace,
+        )
     except ImportError as err:
         raise ImportError(
             f"method={method!r} uses curvlinops (curvlinops-for-pytorch): "
