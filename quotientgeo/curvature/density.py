@@ -50,6 +50,7 @@ def hessian_density(
     metric: str | float | None = None,
     geometry: str = "riemannian",
     eps: float | BallDamping | None = None,
+    product: str = "double_backward",
     progress: bool = True,
 ) -> SpectrumResult:
     r"""The spectral density of the Riemannian Hessian of the batch-averaged loss on the
@@ -71,6 +72,9 @@ def hessian_density(
             adapters, the rest): one more run per group, with ``min(n_steps, dim)`` steps.
         symmetries, metric, geometry, eps: the geometry, as for
             :class:`~quotientgeo.curvature.RiemannianHessian`.
+        product: ``"double_backward"`` (exact) or ``"finite_difference"`` (central
+            differences of gradients, two gradient passes per batch and product), as for
+            :class:`~quotientgeo.curvature.RiemannianHessian`.
         progress: a progress bar over the batch passes, on a terminal.
     """
     n_probes = positive_int("n_probes", n_probes)
@@ -81,7 +85,7 @@ def hessian_density(
     t0 = time.perf_counter()
     with measured(
         model, loss_fn, batches, symmetries=symmetries, metric=metric, geometry=geometry,
-        eps=eps, progress=progress, description="Hessian density (Lanczos)",
+        eps=eps, product=product, progress=progress, description="Hessian density (Lanczos)",
     ) as hessian:  # fmt: skip
         spectrum = lanczos_quadrature(hessian, n_probes, min(n_steps, hessian.dim), seed)
         per = None
@@ -92,7 +96,13 @@ def hessian_density(
                 found = lanczos_quadrature(block, n_probes, min(n_steps, g.dim), seed)
                 per.append(BlockSpectrum(g.name, g.layer, g.kind, g.dim, found))
     settings = settings_of(
-        hessian, metric, measure="hessian_density", n_probes=n_probes, n_steps=n_steps, seed=seed
+        hessian,
+        metric,
+        product=product,
+        measure="hessian_density",
+        n_probes=n_probes,
+        n_steps=n_steps,
+        seed=seed,
     )
     return SpectrumResult(
         spectrum=spectrum,

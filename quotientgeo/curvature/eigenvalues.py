@@ -49,6 +49,7 @@ def hessian_eigenvalues(
     metric: str | float | None = None,
     geometry: str = "riemannian",
     eps: float | BallDamping | None = None,
+    product: str = "double_backward",
     progress: bool = True,
 ) -> EigenvalueResult:
     r"""The ``k`` largest (or smallest) eigenvalues of the Riemannian Hessian of the
@@ -77,6 +78,9 @@ def hessian_eigenvalues(
             :data:`DENSE_MAX` coordinates densely).
         symmetries, metric, geometry, eps: the geometry, as for
             :class:`~quotientgeo.curvature.RiemannianHessian`.
+        product: ``"double_backward"`` (exact) or ``"finite_difference"`` (central
+            differences of gradients, two gradient passes per batch and product), as for
+            :class:`~quotientgeo.curvature.RiemannianHessian`.
         progress: a progress bar over the batch passes, on a terminal.
     """
     k = positive_int("k", k)
@@ -93,7 +97,7 @@ def hessian_eigenvalues(
     t0 = time.perf_counter()
     with measured(
         model, loss_fn, batches, symmetries=symmetries, metric=metric, geometry=geometry,
-        eps=eps, progress=progress, description=f"Hessian eigenvalues ({method})",
+        eps=eps, product=product, progress=progress, description=f"Hessian eigenvalues ({method})",
     ) as hessian:  # fmt: skip
         if k > hessian.dim or (method == "lanczos" and k >= hessian.dim):
             raise ValueError(
@@ -112,8 +116,8 @@ def hessian_eigenvalues(
                 )
                 per.append(BlockEigenvalues(g.name, g.layer, g.kind, g.dim, found))
     settings = settings_of(
-        hessian, metric, measure="hessian_eigenvalues", k=k, which=which, method=method,
-        tol=tol, max_iter=max_iter, seed=seed,
+        hessian, metric, product=product, measure="hessian_eigenvalues", k=k, which=which,
+        method=method, tol=tol, max_iter=max_iter, seed=seed,
     )  # fmt: skip
     return EigenvalueResult(
         values=values,

@@ -49,6 +49,7 @@ from ..geometry import shards as sh
 from ..geometry.symmetries import geometry_of
 from ..manifolds import AdaptiveGeometry, BallDamping
 from ..sharpness.checks import check_batches, check_loss_fn, check_model
+from ..validation import positive_real
 from .groups import Group, groups_of
 from .loss import BatchLoss
 from .parts import FlatPart, FrozenPart, Part, QuotientPart
@@ -58,6 +59,7 @@ Tensor = torch.Tensor
 __all__ = ["BlockOperator", "RiemannianHessian"]
 
 GEOMETRIES = ("riemannian", "euclidean")
+PRODUCTS = ("double_backward", "finite_difference")
 
 
 class _SymmetricOperator:
@@ -141,6 +143,14 @@ class RiemannianHessian(_SymmetricOperator):
             :class:`~quotientgeo.BallDamping` with its radius); ``None`` keeps the declared.
             LoRA adapters that discovery declares with ``BallDamping()`` need it: there is no
             ball to take the radius from.
+        product: how ``∇²f ξ`` is computed: ``"double_backward"`` (default: exact, one
+            forward and two backward passes per batch through the gradient's graph) or
+            ``"finite_difference"``: ``(∇f(x + tξ) - ∇f(x - tξ)) / (2t)``, two ordinary
+            gradients per batch (no graph of the gradient is kept: what a sharded or very
+            large model affords), error ``O(t²)``; in float32 or wider.
+        step: the finite difference's relative step: ``t = step · (1 + ‖x‖_∞) / ‖ξ‖_∞``
+            (``None``: ``ε^{1/3}`` of the dtype, which balances the ``O(t²)`` error against
+            rounding ``O(ε/t)``).
 
     Attributes:
         geometry: the :class:`~quotientgeo.ParameterGeometry` measured.
@@ -161,12 +171,20 @@ class RiemannianHessian(_SymmetricOperator):
         metric: str | float | None = None,
         geometry: str = "riemannian",
         eps: float | BallDamping | None = None,
+        product: str = "double_backward",
+        step: float | None = None,
     ):
         check_model(model)
         check_loss_fn(loss_fn)
         check_batches(batches)
         if geometry not in GEOMETRIES:
             raise ValueError(f"geometry must be 'riemannian' or 'euclidean', got {geometry!r}")
+        if product not in PRODUCTS:
+            raise ValueError(
+                f"product must be 'double_backward' or 'finite_difference', got {product!r}"
+            )
+        self.product = product
+        self._step = None if step is None else positive_real("step", step)
         self.geometry: ParameterGeometry = geometry_of(model, symmetries, metric, eps=eps)
         self.kind = geometry
         if sh.sharded_parameters(self.geometry.params.values()):
@@ -269,9 +287,27 @@ class RiemannianHessian(_SymmetricOperator):
         return BlockOperator(self, group)
 
     # ------------------------------------------------------------------ products
+    def _difference(self, xi: list[Tensor]) -> list[Tensor]:
+        """``(∇f(x + tξ) - ∇f(x - tξ)) / (2t) = ∇²f ξ + O(t²)`` (central difference)."""
+        coords = [*self._points, self._w]
+        size = max(float(v.abs().max()) if v.numel() else 0.0 for v in xi)
+        if size == 0:
+            return [torch.zeros_like(v) for v in xi]
+        scale = max(float(c.abs().max()) if c.numel() else 0.0 for c in coords)
+        step = self._step if self._step is not None else torch.finfo(self.dtype).eps ** (1 / 3)
+        t = step * (1 + scale) / size
+        ends = []
+        for sign in (1, -1):
+            moved = [c + (sign * t) * v for c, v in zip(coords, xi, strict=True)]
+            ends.append(self._loss.gradient(moved[:-1], moved[-1], advance=self._advance)[1])
+        return [(a - b) / (2 * t) for a, b in zip(*ends, strict=True)]
+
     def _covectors(self, xis: list[list[Tensor]]) -> list[list[Tensor]]:
         """``(∇²f - c)(ξ)`` of tangent vectors ``ξ`` (lists of parts)."""
-        hv = self._loss.hvp(self._points, self._w, xis, advance=self._advance)
+        if self.product == "finite_difference":
+            hv = [self._difference(xi) for xi in xis]
+        else:
+            hv = self._loss.hvp(self._points, self._w, xis, advance=self._advance)
         out = []
         for h, xi in zip(hv, xis, strict=True):
             row = []

@@ -31,14 +31,16 @@ def measured(
     eps: float | BallDamping | None,
     progress: bool,
     description: str,
+    product: str = "double_backward",
     products: int | None = None,
 ) -> Iterator[RiemannianHessian]:
     """The :class:`RiemannianHessian` of the arguments, with a progress bar over its batch
     passes (``products`` products of the operator expected, each a pass over every batch;
     ``None``: unknown)."""
     hessian = RiemannianHessian(
-        model, loss_fn, batches, symmetries=symmetries, metric=metric, geometry=geometry, eps=eps
-    )
+        model, loss_fn, batches, symmetries=symmetries, metric=metric, geometry=geometry, eps=eps,
+        product=product,
+    )  # fmt: skip
     total = None if products is None else products * len(hessian.batches)
     with progress_bar(total=total, desc=description, enabled=progress) as bar:
         hessian._advance = lambda: bar.update(1)

@@ -45,6 +45,7 @@ def hessian_trace(
     metric: str | float | None = None,
     geometry: str = "riemannian",
     eps: float | BallDamping | None = None,
+    product: str = "double_backward",
     chunk_size: int = 16,
     progress: bool = True,
 ) -> TraceResult:
@@ -70,6 +71,9 @@ def hessian_trace(
             and ``"exact"``.
         symmetries, metric, geometry, eps: the geometry, as for
             :class:`~quotientgeo.curvature.RiemannianHessian`.
+        product: ``"double_backward"`` (exact) or ``"finite_difference"`` (central
+            differences of gradients, two gradient passes per batch and product), as for
+            :class:`~quotientgeo.curvature.RiemannianHessian`.
         chunk_size: vectors per product (they share each batch's forward and first backward
             pass; memory grows with it).
         progress: a progress bar over the batch passes, on a terminal.
@@ -89,7 +93,7 @@ def hessian_trace(
     t0 = time.perf_counter()
     with measured(
         model, loss_fn, batches, symmetries=symmetries, metric=metric, geometry=geometry,
-        eps=eps, progress=progress, description=f"Hessian trace ({method})",
+        eps=eps, product=product, progress=progress, description=f"Hessian trace ({method})",
     ) as hessian:  # fmt: skip
         if method in ("hutch++", "xtrace"):
             value, error, blocks = _curvlinops(hessian, method, n_probes, seed), math.nan, None
@@ -103,7 +107,7 @@ def hessian_trace(
             for g, (v, e) in zip(hessian.groups, blocks, strict=True)
         ]
     settings = settings_of(
-        hessian, metric, measure="hessian_trace", method=method,
+        hessian, metric, product=product, measure="hessian_trace", method=method,
         n_probes=hessian.dim if method == "exact" else n_probes, seed=seed,
     )  # fmt: skip
     return TraceResult(
