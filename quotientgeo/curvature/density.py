@@ -86,6 +86,7 @@ def hessian_density(
     with measured(
         model, loss_fn, batches, symmetries=symmetries, metric=metric, geometry=geometry,
         eps=eps, product=product, progress=progress, description="Hessian density (Lanczos)",
+        plan=None if per_block else lambda dim: [n_probes] * min(n_steps, dim),
     ) as hessian:  # fmt: skip
         spectrum = lanczos_quadrature(hessian, n_probes, min(n_steps, hessian.dim), seed)
         per = None

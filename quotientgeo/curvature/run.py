@@ -32,16 +32,20 @@ def measured(
     progress: bool,
     description: str,
     product: str = "double_backward",
-    products: int | None = None,
+    plan: Callable[[int], list[int]] | None = None,
 ) -> Iterator[RiemannianHessian]:
     """The :class:`RiemannianHessian` of the arguments, with a progress bar over its batch
-    passes (``products`` products of the operator expected, each a pass over every batch;
-    ``None``: unknown)."""
+    passes. ``plan(D)``, where known, lists the columns of each product the caller will
+    compute on the operator of size ``D`` (the bar's total follows from it)."""
     hessian = RiemannianHessian(
         model, loss_fn, batches, symmetries=symmetries, metric=metric, geometry=geometry, eps=eps,
         product=product,
     )  # fmt: skip
-    total = None if products is None else products * len(hessian.batches)
+    total = None
+    if plan is not None:
+        columns = plan(hessian.dim)
+        per_product = [2 * k if product == "finite_difference" else 1 for k in columns]
+        total = sum(per_product) * len(hessian.batches)
     with progress_bar(total=total, desc=description, enabled=progress) as bar:
         hessian._advance = lambda: bar.update(1)
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import torch
@@ -90,10 +91,13 @@ def hessian_trace(
             f"per_block=True needs method='hutchinson' or 'exact' (one set of probes gives every "
             f"block's trace), got method={method!r}"
         )
+    ours = method in ("hutchinson", "exact")
+    plan = partial(_plan, method, n_probes, chunk_size) if ours else None
     t0 = time.perf_counter()
     with measured(
         model, loss_fn, batches, symmetries=symmetries, metric=metric, geometry=geometry,
         eps=eps, product=product, progress=progress, description=f"Hessian trace ({method})",
+        plan=plan,
     ) as hessian:  # fmt: skip
         if method in ("hutch++", "xtrace"):
             value, error, blocks = _curvlinops(hessian, method, n_probes, seed), math.nan, None
@@ -119,6 +123,12 @@ def hessian_trace(
         products=hessian.products,
         wall_time=time.perf_counter() - t0,
     )
+
+
+def _plan(method: str, n_probes: int, chunk_size: int, dim: int) -> list[int]:
+    """Columns of each product of the exact or Hutchinson trace of an operator of size ``dim``."""
+    n = dim if method == "exact" else n_probes
+    return [min(chunk_size, n - start) for start in range(0, n, chunk_size)]
 
 
 def _diagonal_sums(
