@@ -4,6 +4,7 @@ trace and eigenvalues (to 1e-9 relative in float64), while the Euclidean figures
 from __future__ import annotations
 
 import pytest
+import torch
 from curvature_models import tiny_transformer
 
 import quotientgeo as qg
@@ -60,3 +61,22 @@ def test_converged_top_eigenvalues_are_invariant_and_the_euclidean_ones_are_not(
         for m in (model, moved)
     ]
     assert relative(e[0].values[0], e[1].values[0]) > 1e-2
+
+
+def test_a_hugging_face_model_with_dict_batches():
+    pytest.importorskip("transformers")
+    from quotientgeo.testing.models import tiny_bert
+
+    model = tiny_bert()
+    gen = torch.Generator().manual_seed(0)
+    batches = [{"input_ids": torch.randint(0, 40, (4, 6), generator=gen)} for _ in range(2)]
+
+    def loss_fn(m, batch):
+        return m(**batch).last_hidden_state.pow(2).mean()
+
+    kw = dict(k=2, tol=1e-12, progress=False)
+    a = qg.hessian_eigenvalues(model, loss_fn, batches, **kw)
+    b = qg.hessian_eigenvalues(moved_along_orbits(model, seed=1), loss_fn, batches, **kw)
+    assert a.settings["symmetric_blocks"] == 4  # QK and VO of both layers
+    for x, y in zip(a.values, b.values, strict=True):
+        assert relative(x, y) < 1e-9
