@@ -154,6 +154,7 @@ class RiemannianHessian(_SymmetricOperator):
 
     Attributes:
         geometry: the :class:`~quotientgeo.ParameterGeometry` measured.
+        geometry_kind: ``"riemannian"`` or ``"euclidean"``.
         loss: ``f`` at the weights.
         groups: the coordinates grouped by layer and kind of block
             (:mod:`quotientgeo.curvature.groups`), for :meth:`restricted`.
@@ -186,7 +187,7 @@ class RiemannianHessian(_SymmetricOperator):
         self.product = product
         self._step = None if step is None else positive_real("step", step)
         self.geometry: ParameterGeometry = geometry_of(model, symmetries, metric, eps=eps)
-        self.kind = geometry
+        self.geometry_kind = geometry
         if sh.sharded_parameters(self.geometry.params.values()):
             raise ValueError(
                 "the Riemannian Hessian cannot measure a model sharded over ranks (FSDP2) yet: "
@@ -344,9 +345,10 @@ class RiemannianHessian(_SymmetricOperator):
         return torch.stack(out, dim=1) if out else Z.clone()
 
     def __repr__(self) -> str:
+        model = type(self.geometry.model).__name__
         return (
-            f"RiemannianHessian({type(self.geometry.model).__name__}, geometry={self.kind!r}, "
-            f"dim={self.dim}, batches={len(self.batches)}, dtype={self.dtype})"
+            f"RiemannianHessian({model}, geometry={self.geometry_kind!r}, dim={self.dim}, "
+            f"batches={len(self.batches)}, dtype={self.dtype})"
         )
 
 

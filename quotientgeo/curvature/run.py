@@ -59,7 +59,7 @@ def settings_of(hessian: RiemannianHessian, metric, **extra: Any) -> dict[str, A
     g = hessian.geometry
     return {
         **extra,
-        "geometry": hessian.kind,
+        "geometry": hessian.geometry_kind,
         "metric": metric if metric is not None else _declared(g.metrics),
         "dim": hessian.dim,
         "n_batches": len(hessian.batches),
