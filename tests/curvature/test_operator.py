@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from curvature_models import TwoFactor, cubic_loss, data, tiny_transformer
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from quotientgeo.curvature import RiemannianHessian
@@ -43,6 +43,12 @@ def levi_civita_hessian(model, geometry, batches, xi):
 def test_the_operator_is_the_hessian_of_the_levi_civita_connection(metric, shape, seed):
     n, m, h = shape
     model = TwoFactor(n, m, h, seed=seed)
+    # both sides solve with the Gram matrices GᵀG and HᵀH (and the projection's normal
+    # equations): at an ill-conditioned point each loses digits to rounding (of order ε·κ and
+    # more), differently. The identity is checked where the factors are well conditioned.
+    with torch.no_grad():
+        kappa = float(torch.linalg.cond(model.G) ** 2 + torch.linalg.cond(model.H) ** 2)
+    assume(kappa < 1e3)
     geometry = model.geometry(metric)
     batches = data(d_in=n, d_out=m, seed=seed + 1)
     hessian = RiemannianHessian(model, cubic_loss, batches, symmetries=geometry)
@@ -50,12 +56,23 @@ def test_the_operator_is_the_hessian_of_the_levi_civita_connection(metric, shape
     (x0,), _ = geometry.gather()
     gen = torch.Generator().manual_seed(seed)
     xi = manifold.proju(x0, torch.randn(x0.shape, generator=gen, dtype=x0.dtype))
-    expected, grad = levi_civita_hessian(model, geometry, batches, xi)
+    expected, _ = levi_civita_hessian(model, geometry, batches, xi)
     got = hessian.apply(xi.reshape(-1)).reshape(x0.shape)
-    scale = expected.norm()
-    assert (got - expected).norm() <= 1e-10 * scale
-    # the connection term carries the gradient: away from a critical point it matters
-    assert manifold.christoffel(x0, xi, grad).norm() > 1e-2 * scale
+    assert (got - expected).norm() <= 1e-10 * expected.norm()
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_the_connection_term_matters_away_from_critical_points(metric):
+    model = TwoFactor(5, 4, 2, seed=0)
+    geometry = model.geometry(metric)
+    batches = data(seed=1)
+    manifold = geometry.manifolds()[0]
+    (x0,), _ = geometry.gather()
+    gen = torch.Generator().manual_seed(0)
+    xi = manifold.proju(x0, torch.randn(x0.shape, generator=gen, dtype=x0.dtype))
+    expected, grad = levi_civita_hessian(model, geometry, batches, xi)
+    # on this model the term with the gradient is a tenth of the whole or more
+    assert manifold.christoffel(x0, xi, grad).norm() > 0.1 * expected.norm()
 
 
 @pytest.mark.parametrize("geometry", ["riemannian", "euclidean"])
