@@ -153,6 +153,7 @@ def test_example_runs(example, tmp_path, monkeypatch):
 
 
 def public_names() -> set[str]:
+    import quotientgeo.curvature
     import quotientgeo.geometry
     import quotientgeo.integrations.transformers
     import quotientgeo.manifolds
@@ -161,6 +162,7 @@ def public_names() -> set[str]:
 
     names = {f"quotientgeo.{n}" for n in quotientgeo.__all__ if n not in ("optim", "__version__")}
     for module in (
+        quotientgeo.curvature,
         quotientgeo.geometry,
         quotientgeo.integrations.transformers,
         quotientgeo.manifolds,
