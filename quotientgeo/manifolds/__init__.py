@@ -5,6 +5,7 @@ from .base import DEFAULT_METRIC, AtPoint, QuotientManifold
 from .euclidean import EuclideanGeometry
 from .gl import (
     BallDamping,
+    FrameDamping,
     GLGroup,
     GLInvQuotient,
     GLMixQuotient,
@@ -38,6 +39,7 @@ __all__ = [
     "AtPoint",
     "BallDamping",
     "EuclideanGeometry",
+    "FrameDamping",
     "GLGroup",
     "GLInvQuotient",
     "GLMixQuotient",

@@ -14,7 +14,8 @@
   factor, such as LoRA adapters at ``B = 0``).
 """
 
-from .damping import BallDamping
+from .damping import BallDamping, FrameDamping
+from .framed import FramedGLQuotient, FramedTotalSpace
 from .group import GLGroup
 from .interpolated import InterpolatedGLQuotient, InterpolatedTotalSpace
 from .inv import GLInvQuotient, InvTotalSpace
@@ -25,6 +26,9 @@ from .total import GLTotalSpace
 
 __all__ = [
     "BallDamping",
+    "FrameDamping",
+    "FramedGLQuotient",
+    "FramedTotalSpace",
     "GLGroup",
     "GLInvQuotient",
     "GLMixQuotient",

@@ -14,7 +14,7 @@ from ..base import AtPoint, metric_variant
 from ..ode import rk4
 from ..quotient import TotalSpace
 from .blocks import Coefficients, Products, blockwise
-from .damping import BallDamping, relaxation
+from .damping import BallDamping, FrameDamping, relaxation
 
 Tensor = torch.Tensor
 T = TypeVar("T")
@@ -61,8 +61,10 @@ class GLTotalSpace(TotalSpace):
     def __new__(
         cls: type[T], n: int = 1, metric: str | float | None = None, *a: Any, **k: Any
     ) -> T:
-        from . import interpolated, inv, mix  # the metrics' classes, which subclass this one
+        from . import framed, interpolated, inv, mix  # the metrics' classes, which subclass this
 
+        if cls is GLTotalSpace and isinstance(k.get("eps", a[0] if a else None), FrameDamping):
+            return super().__new__(framed.FramedTotalSpace)  # type: ignore[misc]
         variants = {
             "inv": inv.InvTotalSpace,
             "mix": mix.MixTotalSpace,
@@ -233,6 +235,22 @@ class GLTotalSpace(TotalSpace):
             self._blockwise(v, cvG, cvH, add=out, into=True)
         return self._blockwise(p.x, cG[0], cH[0], add=out, into=True)
 
+    def gram_products(
+        self,
+        p: AtPoint,
+        P0: Tensor,
+        Q0: Tensor,
+        uF: tuple[Tensor, Tensor],
+        uv: tuple[Tensor, Tensor],
+    ) -> Products:
+        """The :class:`Products` of ``Γ(u, u)`` from the Grams ``P₀ = GᵀG``, ``Q₀ = HᵀH`` of a
+        point on the geodesic from ``p`` (relaxed as at ``p``) and ``uF``, ``uv``."""
+        if self.relaxed:
+            eye = torch.eye(P0.shape[-1], dtype=P0.dtype, device=P0.device)
+            P0, Q0 = P0 + self.relaxation(p) * eye, Q0 + self.relaxation(p) * eye
+        LP, LQ = cholesky(P0, "GᵀG"), cholesky(Q0, "HᵀH")
+        return Products(P0, Q0, cholesky_inverse(LP), cholesky_inverse(LQ), uF, uF, uv)
+
     # ------------------------------------------------------------------ geodesics
     def geodesic(
         self, x: Tensor | AtPoint, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
@@ -261,14 +279,11 @@ class GLTotalSpace(TotalSpace):
         eye = torch.eye(h, dtype=p.x.dtype, device=p.x.device).expand(*batch, h, h)
         zero = torch.zeros_like(eye)
         C0, D0 = torch.cat([eye, zero], dim=-2), torch.cat([zero, eye], dim=-2)
-        eps_eye = self.relaxation(p) * eye if self.relaxed else zero
 
         def acceleration(CG, CH, DG, DH):
             KCG, KCH, KDG, KDH = KG @ CG, KH @ CH, KG @ DG, KH @ DH
-            P, Q = mT(CG) @ KCG + eps_eye, mT(CH) @ KCH + eps_eye
-            LP, LQ = cholesky(P, "GᵀG"), cholesky(Q, "HᵀH")
             uF, uv = (mT(DG) @ KCG, mT(DH) @ KCH), (mT(DG) @ KDG, mT(DH) @ KDH)
-            k = Products(P, Q, cholesky_inverse(LP), cholesky_inverse(LQ), uF, uF, uv)
+            k = self.gram_products(p, mT(CG) @ KCG, mT(CH) @ KCH, uF, uv)
             (aG, bG, _), (aH, bH, _) = self.gamma_coefficients(k, True)
             return -(CG @ aG + DG @ bG), -(CH @ aH + DH @ bH)
 
