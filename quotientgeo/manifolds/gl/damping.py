@@ -94,11 +94,16 @@ class FrameDamping:
     Args:
         radius: ``ρ > 0``, or ``None`` (what discovery declares) for the radius of the ball:
             the sharpness measures and :class:`~quotientgeo.optim.GeodesicSAM` fill in theirs.
-        reach: ``κ > 0``, the largest move of ``H`` in its own frame that the mix ball allows.
+        reach: ``κ > 0``, the largest move of ``H`` in its own frame that the mix ball allows
+            (default ``½``). At ``G = 0`` the gradient of ``H`` vanishes and the second-order
+            map turns ``H`` by its Christoffel term, up to ``κ²/2`` of ``H`` in its frame:
+            ``½`` keeps that turn to an eighth and PEFT's first GeodesicSAM steps as they
+            were with ``BallDamping()``; larger ``κ`` is closer to the undamped quotient, in
+            which ``H`` turns freely at ``G = 0``.
     """
 
     radius: float | None = None
-    reach: float = 1.0
+    reach: float = 0.5
 
     def __post_init__(self):
         if self.radius is not None:
