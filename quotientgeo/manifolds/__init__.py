@@ -6,6 +6,8 @@ from .euclidean import EuclideanGeometry
 from .gl import (
     BallDamping,
     FrameDamping,
+    FramedGLQuotient,
+    FramedTotalSpace,
     GLGroup,
     GLInvQuotient,
     GLMixQuotient,
@@ -40,6 +42,8 @@ __all__ = [
     "BallDamping",
     "EuclideanGeometry",
     "FrameDamping",
+    "FramedGLQuotient",
+    "FramedTotalSpace",
     "GLGroup",
     "GLInvQuotient",
     "GLMixQuotient",
