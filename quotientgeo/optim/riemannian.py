@@ -38,7 +38,7 @@ from ..geometry import shards as sh
 from ..geometry.diagnosis import Diagnosis
 from ..geometry.symmetries import geometry_of
 from ..geometry.transfer import gather_blocks, write_blocks_
-from ..manifolds import QuotientManifold
+from ..manifolds import FrameDamping, QuotientManifold
 from ..manifolds.gl.damping import without_ball
 from ..options import checked_metric
 
@@ -259,7 +259,7 @@ def quotient_optimizer(
     *,
     symmetries: str | ParameterGeometry = "auto",
     metric: str | float | None = None,
-    eps: float | None = None,
+    eps: float | FrameDamping | None = None,
     **kwargs: Any,
 ) -> QuotientOptimizer:
     r"""A geoopt optimizer that trains ``model``'s symmetry blocks on their quotients.
@@ -291,7 +291,8 @@ def quotient_optimizer(
             :class:`~quotientgeo.FrameDamping`, whose scale is a sharpness ball; with
             ``eps=None`` they train with ``TRAINING_EPS`` ``= 1e-2`` (``P + eps·I``,
             ``Q + eps·I``), PEFT's default ``reg``, so that a mix ``RiemannianSGD`` step is
-            PEFT's Riemannian SGD step.
+            PEFT's Riemannian SGD step (not GL-invariant, as PEFT's is not);
+            ``eps=FrameDamping(radius=r)`` steps invariantly.
         **kwargs: the optimizer's arguments (``lr``, ``momentum``, ``betas``,
             ``weight_decay``, ``stabilize``, …), for both groups; change a group's
             afterwards through ``opt.param_groups``.

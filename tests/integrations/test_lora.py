@@ -286,6 +286,32 @@ def test_geoopt_training_defaults_are_pefts():
     assert any(float(b.detach().abs().max()) > 0 for _, b in adapters(ours))
 
 
+def test_a_frame_damped_optimizer_step_moves_with_the_orbit():
+    """With ``eps=FrameDamping(radius)`` a ``RiemannianSGD`` step is equivariant: an adapter and
+    its orbit-moved copy step to one adapter product ``B A``."""
+    import geoopt
+
+    from quotientgeo.optim import quotient_optimizer
+
+    start = trained_lora_bert(5)
+    batch = regression_batches()[0]
+
+    def products(eps) -> list[torch.Tensor]:
+        """``B A`` of every adapter after one step, of ``start`` and of its moved copy."""
+        out = []
+        for m in (copy.deepcopy(start), moved_adapters(start, condition=6.0, seed=1)):
+            opt = quotient_optimizer(m, geoopt.optim.RiemannianSGD, lr=0.1, eps=eps)
+            regression_loss(m, batch).backward()
+            opt.step()
+            out.append(torch.stack([(b @ a).detach() for a, b in adapters(m)]))
+        return out
+
+    one, two = products(FrameDamping(0.1))
+    torch.testing.assert_close(two, one, rtol=1e-12, atol=1e-14)
+    one, two = products(None)  # PEFT's reg, ``eps·I``: not invariant
+    assert float((two - one).abs().max()) > 1e-8
+
+
 def test_adapters_in_a_fused_encoder_layer_are_warned():
     """``nn.TransformerEncoderLayer``'s fused inference path ignores adapters on its linears:
     discovery says so, and the warned hook makes the eval-mode output see them."""
