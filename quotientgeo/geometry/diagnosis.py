@@ -219,7 +219,7 @@ class Diagnosis:
             rows = {"G": (0, gl.n), "H": (gl.n, x.shape[-2])}
             framed = isinstance(gl.eps, FrameDamping)  # G may be anything, H needs full rank
             try:
-                eps = 0.0 if framed else relaxation(gl.eps, *gl.split(x))
+                eps = 0.0 if isinstance(gl.eps, FrameDamping) else relaxation(gl.eps, *gl.split(x))
             except ValueError:  # a ball damping without its radius, or a zero pair
                 eps = 0.0
             flat = eps.flatten() if isinstance(eps, torch.Tensor) else eps

@@ -137,7 +137,9 @@ def with_ball_filled(manifold: QuotientManifold, radius: float) -> QuotientManif
     still waits for it (what discovery declares for LoRA adapters); any other manifold
     unchanged."""
     declared, metric = getattr(manifold, "eps", None), manifold.metric_name
-    if not waiting(declared) or metric is None:
+    if not isinstance(declared, (BallDamping, FrameDamping)) or not waiting(declared):
+        return manifold
+    if metric is None:
         return manifold
     return manifold.with_metric(metric, eps=dataclasses.replace(declared, radius=radius))
 

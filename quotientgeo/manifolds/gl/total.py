@@ -76,7 +76,7 @@ class GLTotalSpace(TotalSpace):
         self,
         n: int,
         metric: str | float | None = None,
-        eps: float | BallDamping = 0.0,
+        eps: float | BallDamping | FrameDamping = 0.0,
         *,
         exp_steps: int | None = None,
         dense_max: int = 64,
@@ -86,12 +86,12 @@ class GLTotalSpace(TotalSpace):
             eps = real_in("eps", eps, 0.0)
         super().__init__(exp_steps=exp_steps, dense_max=dense_max)
         self.n = n
-        self.eps: float | BallDamping = eps
+        self.eps: float | BallDamping | FrameDamping = eps
 
     @property
     def relaxed(self) -> bool:
         """Whether the Grams are relaxed (``eps > 0`` or a :class:`~.damping.BallDamping`)."""
-        return isinstance(self.eps, BallDamping) or self.eps > 0
+        return isinstance(self.eps, (BallDamping, FrameDamping)) or self.eps > 0
 
     def extra_repr(self) -> str:
         return f"n={self.n}, eps={self.eps}"
@@ -131,7 +131,10 @@ class GLTotalSpace(TotalSpace):
     def relaxation(self, p: AtPoint) -> float | Tensor:
         """The Gram relaxation at ``p``: ``eps``, or a :class:`~.damping.BallDamping`'s ``ε``
         of each pair (shape ``(..., 1, 1)``), cached on ``p``."""
-        return p.cached("relaxation", lambda: relaxation(self.eps, *self.split(p)))
+        eps = self.eps
+        if isinstance(eps, FrameDamping):  # FramedTotalSpace damps in H's frame instead
+            raise TypeError("a FrameDamping is no Gram relaxation ε·I")
+        return p.cached("relaxation", lambda: relaxation(eps, *self.split(p)))
 
     def grams(self, p: AtPoint) -> tuple[Tensor, Tensor]:
         """``(P, Q) = (GᵀG + eps·I, HᵀH + eps·I)``, cached on ``p``."""
