@@ -258,10 +258,9 @@ class FramedGLQuotient(GLQuotient):
     - any other ``s``: the generic projection (normal equations of the vertical space).
 
     Riemannian gradient ``proj(M⁻¹ ∇)`` (``(∇_G Q⁻¹, ∇_H P_δ⁻¹)`` for mix, ``(∇_G P_δ, ∇_H Q)``
-    for inv: horizontal already for an invariant loss). The ball of radius ``ρ`` then moves
-    ``H`` at most ``κ`` in its own frame in the mix metric (``δ ‖H⁺ ... ‖``: the term
-    ``δ tr(Q⁻¹ ξ_Hᵀ ξ_H) ≤ ρ²``), and ``G = 0`` is at a finite distance in the inv metric
-    (``W_G = Q/δ`` there).
+    for inv: horizontal already for an invariant loss). A vector of metric norm ``ρ`` moves ``H``
+    at most ``κ`` in its own frame in the mix metric (``δ tr(Q⁻¹ ξ_Hᵀξ_H) ≤ ρ²``), and ``G = 0``
+    is at a finite distance in the inv metric (``W_G = Q/δ`` there: ``‖ξ_G Hᵀ‖ ≤ ρ²/κ``).
     """
 
     name = "FramedGLQuotient"
