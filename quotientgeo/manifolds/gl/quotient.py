@@ -55,7 +55,9 @@ class GLQuotient(Quotient):
     Args:
         n: number of rows of ``G`` (``m`` follows from the point's shape).
         metric: ``"mix"`` (default), ``"inv"`` or the interpolation weight ``s``.
-        eps: Gram relaxation ``≥ 0``.
+        eps: Gram relaxation ``≥ 0``; a :class:`~.damping.BallDamping`; or a
+            :class:`~.damping.FrameDamping` (``GᵀG + δ(HᵀH)⁻¹``, exactly invariant; the class
+            is then :class:`~.framed.FramedGLQuotient`, for every metric).
         exp_steps: RK4 steps of :meth:`geodesic` where it integrates; ``None`` (default)
             chooses them from the velocity for a stated accuracy.
         dense_max: largest ``h²`` for which the generic projection (interpolated metric)

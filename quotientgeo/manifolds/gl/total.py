@@ -47,8 +47,9 @@ class GLTotalSpace(TotalSpace):
     Args:
         n: number of rows of ``G`` (``m`` follows from the point's shape).
         metric: ``"mix"`` (default), ``"inv"`` or the interpolation weight ``s``.
-        eps: Gram relaxation ``≥ 0``, or a :class:`~.damping.BallDamping` (one ``ε`` per pair,
-            scaled to a ball's radius).
+        eps: Gram relaxation ``≥ 0``, a :class:`~.damping.FrameDamping` (the class is then
+            :class:`~.framed.FramedTotalSpace`), or a :class:`~.damping.BallDamping` (one ``ε``
+            per pair, scaled to a ball's radius).
         exp_steps: RK4 steps of :meth:`geodesic` where it integrates; ``None`` (default)
             chooses them from the velocity for a stated accuracy.
         dense_max: largest Lie-algebra dimension for which the generic projection forms the
