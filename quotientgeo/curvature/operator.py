@@ -140,9 +140,9 @@ class RiemannianHessian(_SymmetricOperator):
             adaptive rest) or ``"euclidean"`` (the plain Hessian ``∇²f`` in the same
             coordinates, what PyHessian and curvlinops compute).
         eps: Gram relaxation of the GL kinds (``P + eps·I``, or a
-            :class:`~quotientgeo.BallDamping` with its radius); ``None`` keeps the declared.
-            LoRA adapters that discovery declares with ``BallDamping()`` need it: there is no
-            ball to take the radius from.
+            :class:`~quotientgeo.FrameDamping` or :class:`~quotientgeo.BallDamping` with its
+            radius); ``None`` keeps the declared. LoRA adapters that discovery declares with
+            ``FrameDamping()`` need it: there is no ball to take the radius from.
         product: how ``∇²f ξ`` is computed: ``"double_backward"`` (default: exact, one
             forward and two backward passes per batch through the gradient's graph) or
             ``"finite_difference"``: ``(∇f(x + tξ) - ∇f(x - tξ)) / (2t)``, two ordinary
