@@ -48,6 +48,7 @@ from ..geometry import ParameterGeometry
 from ..geometry import shards as sh
 from ..geometry.symmetries import geometry_of
 from ..manifolds import AdaptiveGeometry, BallDamping
+from ..manifolds.gl.damping import waiting
 from ..sharpness.checks import check_batches, check_loss_fn, check_model
 from ..validation import positive_real
 from .groups import Group, groups_of
@@ -196,10 +197,11 @@ class RiemannianHessian(_SymmetricOperator):
         manifolds = self.geometry.manifolds()
         for i, m in enumerate(manifolds):
             damping = getattr(m, "eps", None)
-            if isinstance(damping, BallDamping) and damping.radius is None:
+            if waiting(damping):
+                kind = type(damping).__name__
                 raise ValueError(
-                    f"kind {i} ({m!r}) is relaxed by BallDamping(), which takes its radius from "
-                    "a sharpness ball; the Hessian has none: pass eps=BallDamping(radius) or a "
+                    f"kind {i} ({m!r}) is relaxed by {kind}(), which takes its radius from "
+                    f"a sharpness ball; the Hessian has none: pass eps={kind}(radius) or a "
                     "number"
                 )
         self.batches = list(batches)
