@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..manifolds import AdaptiveGeometry, BallDamping, QuotientManifold
+from ..manifolds import AdaptiveGeometry, QuotientManifold
 from ..manifolds.gl.damping import with_ball_filled
 from ..options import Norm, Perturbation
 from . import shards as sh
@@ -76,10 +76,10 @@ MIN_CHUNK_BYTES = 2**22
 
 
 def in_ball(manifold: QuotientManifold, radius: float | None) -> QuotientManifold:
-    """``manifold`` as a ball of radius ``radius`` perturbs it: a GL manifold relaxed by
-    ``BallDamping()`` (what discovery declares for LoRA adapters) gets the ball's radius; every
-    other manifold is itself."""
-    return manifold if radius is None else with_ball_filled(manifold, BallDamping(radius))
+    """``manifold`` as a ball of radius ``radius`` perturbs it: a GL manifold damped by a
+    ``FrameDamping()`` or ``BallDamping()`` still waiting for its radius (what discovery
+    declares for LoRA adapters) gets the ball's; every other manifold is itself."""
+    return manifold if radius is None else with_ball_filled(manifold, radius)
 
 
 def move_of(manifold, perturbation: Perturbation | str) -> str:
@@ -390,7 +390,8 @@ class Perturbations:
             metric on their points, perturbations kept horizontal).
         rest: the geometry of the adaptive rest (element-wise adaptive; SAM's flat one).
         radius: the ball's radius ``ρ``, for the GL kinds relaxed by a
-            :class:`~quotientgeo.BallDamping` that takes it from the ball (:func:`in_ball`).
+            :class:`~quotientgeo.FrameDamping` (or ``BallDamping``) that takes it from the ball
+            (:func:`in_ball`).
         chunk_bytes: the largest chunk of symmetry blocks, in bytes of the compute dtype
             (``None``: :data:`CHUNK_FRACTION` of the bytes of the parameters this rank holds, in
             their own dtype; at least :data:`MIN_CHUNK_BYTES`, at least one block).

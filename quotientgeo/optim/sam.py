@@ -217,7 +217,7 @@ class GeodesicSAM(torch.optim.Optimizer):
     @property
     def manifolds(self) -> list[QuotientManifold]:
         """Each kind's manifold as the current ball perturbs it (a LoRA pair's
-        ``BallDamping()`` with this optimizer's ``rho``)."""
+        ``FrameDamping()`` with this optimizer's ``rho``)."""
         return self.space.manifolds
 
     @torch.no_grad()
