@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -136,7 +136,7 @@ def count(fn: Callable[[], object]) -> dict[str, int]:
     return counter.totals()
 
 
-def _combine(*terms: tuple[float, dict[str, int]]) -> dict[str, float]:
+def _combine(*terms: tuple[float, Mapping[str, float]]) -> dict[str, float]:
     """``Σ wᵢ · countsᵢ`` key by key."""
     keys = ("ops", "host_reads", "bytes")
     return {k: sum(w * c[k] for w, c in terms) for k in keys}

@@ -341,7 +341,7 @@ class Piece:
         if len(targets) == 1:
             targets[0].copy_(sources[0])
         elif targets:
-            torch._foreach_copy_(targets, sources)
+            torch._foreach_copy_(targets, sources)  # pyright: ignore[reportPrivateImportUsage]
 
     def space(self, x: Tensor, factors: dict | None = None) -> PerturbationSpace:
         return PerturbationSpace(self.manifold, x, "retr", self.manifold, factors)

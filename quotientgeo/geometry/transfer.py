@@ -174,7 +174,7 @@ def _write_stacked(found: list[Block], points: Tensor, tensors: Mapping[str, Ten
     y = points.reshape(len(found), first.heads, *points.shape[1:])
     for j, value in enumerate(_split_regions(y, first)):  # (n, *region)
         targets = [b.regions[j].of(tensors[b.regions[j].name]) for b in found]
-        torch._foreach_copy_(targets, list(value.to(targets[0].dtype).unbind(0)))
+        torch._foreach_copy_(targets, list(value.to(targets[0].dtype).unbind(0)))  # pyright: ignore[reportPrivateImportUsage]
 
 
 def _split_regions(y: Tensor, block) -> list[Tensor]:
