@@ -105,7 +105,7 @@ class BatchLoss:
                 self.passes += 1
                 advance()
         n = len(self.batches)
-        return value / n, [t / n for t in total]
+        return value / n, [t.div_(n) for t in total]
 
     def hvp(
         self,

@@ -297,11 +297,20 @@ class RiemannianHessian(_SymmetricOperator):
         scale = max(float(c.abs().max()) if c.numel() else 0.0 for c in coords)
         step = self._step if self._step is not None else torch.finfo(self.dtype).eps ** (1 / 3)
         t = step * (1 + scale) / size
-        ends = []
+        # one moved point and one gradient besides the difference at a time: the second
+        # gradient is subtracted in place and each is freed once read
+        difference: list[Tensor] = []
         for sign in (1, -1):
-            moved = [c + (sign * t) * v for c, v in zip(coords, xi, strict=True)]
-            ends.append(self._loss.gradient(moved[:-1], moved[-1], advance=self._advance)[1])
-        return [(a - b) / (2 * t) for a, b in zip(*ends, strict=True)]
+            moved = [torch.add(c, v, alpha=sign * t) for c, v in zip(coords, xi, strict=True)]
+            grads = self._loss.gradient(moved[:-1], moved[-1], advance=self._advance)[1]
+            del moved
+            if not difference:
+                difference = grads
+            else:
+                torch._foreach_sub_(difference, grads)  # pyright: ignore[reportPrivateImportUsage]
+            del grads
+        torch._foreach_div_(difference, 2 * t)  # pyright: ignore[reportPrivateImportUsage]
+        return difference
 
     def _covectors(self, xis: list[list[Tensor]]) -> list[list[Tensor]]:
         """``(∇²f - c)(ξ)`` of tangent vectors ``ξ`` (lists of parts)."""
