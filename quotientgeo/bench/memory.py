@@ -266,7 +266,10 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(result))
         return 0
     default = [n for n in CONTENDERS[1:] if n not in PRODUCTS]
-    names = ["floor", *(default if args.only is None else [n for n in CONTENDERS if n in args.only])]
+    names = [
+        "floor",
+        *(default if args.only is None else [n for n in CONTENDERS if n in args.only]),
+    ]
     peaks: dict[str, dict[str, int]] = {}
     if args.device == "cpu":
         if not Path("/proc/self/clear_refs").exists():
