@@ -230,6 +230,7 @@ class RiemannianHessian(_SymmetricOperator):
         self.device = w.device
         self.groups: list[Group] = groups_of(self.geometry, self.device)
         self.products = 0
+        self._scale: float | None = None
 
     # ------------------------------------------------------------------ coordinates
     @property
@@ -291,12 +292,13 @@ class RiemannianHessian(_SymmetricOperator):
     def _difference(self, xi: list[Tensor]) -> list[Tensor]:
         """``(∇f(x + tξ) - ∇f(x - tξ)) / (2t) = ∇²f ξ + O(t²)`` (central difference)."""
         coords = [*self._points, self._w]
-        size = max(float(v.abs().max()) if v.numel() else 0.0 for v in xi)
+        size = float(_max_abs(xi))  # one host read
         if size == 0:
             return [torch.zeros_like(v) for v in xi]
-        scale = max(float(c.abs().max()) if c.numel() else 0.0 for c in coords)
+        if self._scale is None:  # ‖x‖_∞, read once
+            self._scale = float(_max_abs(coords))
         step = self._step if self._step is not None else torch.finfo(self.dtype).eps ** (1 / 3)
-        t = step * (1 + scale) / size
+        t = step * (1 + self._scale) / size
         # one moved point and one gradient besides the difference at a time: the second
         # gradient is subtracted in place and each is freed once read
         difference: list[Tensor] = []
@@ -359,6 +361,12 @@ class RiemannianHessian(_SymmetricOperator):
             f"RiemannianHessian({model}, geometry={self.geometry_kind!r}, dim={self.dim}, "
             f"batches={len(self.batches)}, dtype={self.dtype})"
         )
+
+
+def _max_abs(tensors: list[Tensor]) -> Tensor:
+    """``max |t|`` over all entries of ``tensors`` (``0`` where there are none), unread."""
+    norms = [torch.linalg.vector_norm(t, ord=float("inf")) for t in tensors if t.numel()]
+    return torch.stack(norms).max() if norms else torch.zeros(())
 
 
 class BlockOperator(_SymmetricOperator):
