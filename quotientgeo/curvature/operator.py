@@ -37,6 +37,7 @@ vector-Jacobian products of the manifolds' Christoffel contractions and projecti
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -156,8 +157,6 @@ class RiemannianHessian(_SymmetricOperator):
         geometry: the :class:`~quotientgeo.ParameterGeometry` measured.
         geometry_kind: ``"riemannian"`` or ``"euclidean"``.
         loss: ``f`` at the weights.
-        groups: the coordinates grouped by layer and kind of block
-            (:mod:`quotientgeo.curvature.groups`), for :meth:`restricted`.
         products: vectors multiplied so far (each costs one forward and two backward passes
             per batch, a matrix of ``k`` columns shares the forward and first backward).
     """
@@ -228,11 +227,17 @@ class RiemannianHessian(_SymmetricOperator):
         self.shape = (n, n)
         self.dtype = w.dtype
         self.device = w.device
-        self.groups: list[Group] = groups_of(self.geometry, self.device)
         self.products = 0
         self._scale: float | None = None
 
     # ------------------------------------------------------------------ coordinates
+    @functools.cached_property
+    def groups(self) -> list[Group]:
+        """The coordinates grouped by layer and kind of block
+        (:mod:`quotientgeo.curvature.groups`), for :meth:`restricted`; built when first read
+        (their indices take two copies of the parameters in ``int64``)."""
+        return groups_of(self.geometry, self.device)
+
     @property
     def dim(self) -> int:
         """``D``: the number of trainable entries."""
