@@ -75,9 +75,12 @@ def hessian_eigenvalues(
         seed: seed of the starting vectors.
         per_block: also the eigenvalues of each group's diagonal block (a layer's attention
             pairs, adapters, the rest): one more solve per group (groups of at most
-            :data:`DENSE_MAX` coordinates densely).
-        symmetries, metric, geometry, eps: the geometry, as for
+            ``DENSE_MAX`` coordinates densely).
+        symmetries: the symmetries, as for :class:`~quotientgeo.curvature.RiemannianHessian`.
+        metric: the quotient metric, as for :class:`~quotientgeo.curvature.RiemannianHessian`.
+        geometry: ``"riemannian"`` or ``"euclidean"``, as for
             :class:`~quotientgeo.curvature.RiemannianHessian`.
+        eps: the Gram relaxation, as for :class:`~quotientgeo.curvature.RiemannianHessian`.
         product: ``"double_backward"`` (exact) or ``"finite_difference"`` (central
             differences of gradients, two gradient passes per batch and product), as for
             :class:`~quotientgeo.curvature.RiemannianHessian`.

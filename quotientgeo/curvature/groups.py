@@ -43,7 +43,7 @@ class Group:
     Attributes:
         name: ``"layer 3 attention"``, or the kind alone where there is no layer.
         layer: the layer index, or ``None``.
-        kind: one of :data:`KINDS`.
+        kind: one of ``KINDS``.
         index: the group's coordinates (positions in the operator's vectors), ascending.
     """
 
@@ -75,7 +75,7 @@ def _layer_of(name: str) -> int | None:
 
 def groups_of(geometry: ParameterGeometry, device: torch.device) -> list[Group]:
     """The groups of ``geometry``'s coordinates (module docstring), by layer (``None`` last),
-    then in the order of :data:`KINDS`."""
+    then in the order of ``KINDS``."""
     ranges: dict[tuple[int | None, str], list[tuple[int, int]]] = {}
     offset = 0
     for ki, kind in enumerate(geometry.kinds):

@@ -70,8 +70,11 @@ def hessian_trace(
         per_block: also the trace of each group's diagonal block (a layer's attention pairs,
             adapters, the rest; :mod:`quotientgeo.curvature.groups`): with ``"hutchinson"``
             and ``"exact"``.
-        symmetries, metric, geometry, eps: the geometry, as for
+        symmetries: the symmetries, as for :class:`~quotientgeo.curvature.RiemannianHessian`.
+        metric: the quotient metric, as for :class:`~quotientgeo.curvature.RiemannianHessian`.
+        geometry: ``"riemannian"`` or ``"euclidean"``, as for
             :class:`~quotientgeo.curvature.RiemannianHessian`.
+        eps: the Gram relaxation, as for :class:`~quotientgeo.curvature.RiemannianHessian`.
         product: ``"double_backward"`` (exact) or ``"finite_difference"`` (central
             differences of gradients, two gradient passes per batch and product), as for
             :class:`~quotientgeo.curvature.RiemannianHessian`.
