@@ -10,7 +10,10 @@ one batch of ``batch × seq`` random tokens with the language-modelling loss. Co
   run peaks at its worst step, and on the CPU the best iterate needs a buffer of its own only at
   a step after two that did not improve it: the default 3 iterations have no such step on this
   model, 30 do);
-- ``average``: ``n_samples`` random directions.
+- ``average``: ``n_samples`` random directions;
+- ``hvp_double_backward``, ``hvp_finite_difference`` (only where ``--only`` names them): the
+  Riemannian Hessian (:class:`~quotientgeo.curvature.RiemannianHessian`) built and one
+  product ``H @ z`` at a random ``z``.
 
 Each is reported as its peak in bytes, and as parameter copies above the floor:
 ``(peak − floor peak) / parameter bytes``, the parameter bytes counted in the parameters' own
