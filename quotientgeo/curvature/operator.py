@@ -49,6 +49,7 @@ from ..geometry import ParameterGeometry
 from ..geometry import shards as sh
 from ..geometry.symmetries import geometry_of
 from ..manifolds import AdaptiveGeometry, BallDamping
+from ..manifolds.gl.damping import waiting
 from ..sharpness.checks import check_batches, check_loss_fn, check_model
 from ..validation import positive_real
 from .groups import Group, groups_of
@@ -141,9 +142,9 @@ class RiemannianHessian(_SymmetricOperator):
             adaptive rest) or ``"euclidean"`` (the plain Hessian ``∇²f`` in the same
             coordinates, what PyHessian and curvlinops compute).
         eps: Gram relaxation of the GL kinds (``P + eps·I``, or a
-            :class:`~quotientgeo.BallDamping` with its radius); ``None`` keeps the declared.
-            LoRA adapters that discovery declares with ``BallDamping()`` need it: there is no
-            ball to take the radius from.
+            :class:`~quotientgeo.FrameDamping` or :class:`~quotientgeo.BallDamping` with its
+            radius); ``None`` keeps the declared. LoRA adapters that discovery declares with
+            ``FrameDamping()`` need it: there is no ball to take the radius from.
         product: how ``∇²f ξ`` is computed: ``"double_backward"`` (default: exact, one
             forward and two backward passes per batch through the gradient's graph) or
             ``"finite_difference"``: ``(∇f(x + tξ) - ∇f(x - tξ)) / (2t)``, two ordinary
@@ -195,10 +196,11 @@ class RiemannianHessian(_SymmetricOperator):
         manifolds = self.geometry.manifolds()
         for i, m in enumerate(manifolds):
             damping = getattr(m, "eps", None)
-            if isinstance(damping, BallDamping) and damping.radius is None:
+            if waiting(damping):
+                kind = type(damping).__name__
                 raise ValueError(
-                    f"kind {i} ({m!r}) is relaxed by BallDamping(), which takes its radius from "
-                    "a sharpness ball; the Hessian has none: pass eps=BallDamping(radius) or a "
+                    f"kind {i} ({m!r}) is relaxed by {kind}(), which takes its radius from "
+                    f"a sharpness ball; the Hessian has none: pass eps={kind}(radius) or a "
                     "number"
                 )
         self.batches = list(batches)
