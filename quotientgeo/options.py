@@ -28,8 +28,15 @@ E = TypeVar("E", bound="Option")
 METRICS = ("mix", "inv")
 
 
-class Option(enum.StrEnum):
-    """A string enum: its members are their values (``Norm("adaptive") is Norm.ADAPTIVE``)."""
+class Option(str, enum.Enum):
+    """A string enum: its members are their values (``Norm("adaptive") is Norm.ADAPTIVE``).
+
+    It behaves as Python 3.11's ``enum.StrEnum`` on every supported Python (3.10 has none):
+    ``str()`` gives the value, and so does ``format()``, which follows ``str()``
+    (``f"{Norm.ADAPTIVE}" == "adaptive"``); ``repr()`` names the member.
+    """
+
+    __str__ = str.__str__
 
 
 class Perturbation(Option):

@@ -35,7 +35,7 @@ from ..options import Distributed
 from ..progress import progress_bar
 from ..validation import positive_int
 from .checks import check_batches, check_loss_fn, check_model
-from .ranks import described, ranks_for
+from .ranks import add_note, described, ranks_for
 from .state import model_state_preserved
 
 Tensor = torch.Tensor
@@ -270,7 +270,7 @@ class _LayerHessian:
                     self.wrapper, {**self.frozen, self.key: w}, (batch,)
                 )
             except Exception as err:
-                _note(err, f"raised by loss_fn on batch {index}; {RESTORED}")
+                add_note(err, f"raised by loss_fn on batch {index}; {RESTORED}")
                 raise
             if not isinstance(loss, Tensor) or loss.numel() != 1:
                 got = type(loss).__name__ if not isinstance(loss, Tensor) else tuple(loss.shape)
@@ -312,7 +312,7 @@ class _LayerHessian:
                     grad, w, v, retain_graph=True, allow_unused=True, is_grads_batched=True
                 )
         except Exception as err:
-            _note(
+            add_note(
                 err,
                 f"raised by a Hessian-vector product of layer {self.name!r} on batch {index} "
                 f"(chunk_size=1 computes them without vmap; second derivatives need every op "
@@ -323,9 +323,3 @@ class _LayerHessian:
         if hv is None:  # the gradient does not depend on W
             return torch.zeros((), dtype=w.dtype, device=w.device)
         return (hv[rows, :, k] * self.p[:, i].T).sum()
-
-
-def _note(err: BaseException, message: str) -> None:
-    add_note = getattr(err, "add_note", None)  # Python 3.11+
-    if add_note is not None:
-        add_note(message)

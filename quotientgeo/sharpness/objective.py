@@ -64,7 +64,7 @@ from ..geometry import shards as sh
 from ..geometry.diagnosis import Diagnosis
 from ..geometry.perturbation import BasePoint, BlockChunk, Perturbations, Piece, Sums
 from ..heap import release_free_memory
-from .ranks import Local
+from .ranks import Local, add_note
 
 Tensor = torch.Tensor
 
@@ -314,9 +314,7 @@ class Objective:
         try:
             loss = self.loss_fn(self.model, self.batch)
         except Exception as err:
-            add_note = getattr(err, "add_note", None)  # Python 3.11+
-            if add_note is not None:
-                add_note(f"raised by loss_fn on {where}; the model is restored")
+            add_note(err, f"raised by loss_fn on {where}; the model is restored")
             raise
         if not isinstance(loss, Tensor):
             raise TypeError(

@@ -31,6 +31,7 @@ collectives the other ranks then wait in, as in training).
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 
 import torch
@@ -39,7 +40,17 @@ from ..options import Distributed, option
 
 Tensor = torch.Tensor
 
-__all__ = ["Batches", "Local", "SplitBatch", "described", "ranks_for"]
+__all__ = ["Batches", "Local", "SplitBatch", "add_note", "described", "ranks_for"]
+
+
+def add_note(err: BaseException, note: str) -> None:
+    """``err.add_note(note)``, also on Python 3.10, which has no ``add_note``: there the note is
+    appended to ``err.__notes__`` as 3.11's method does, so :func:`described` carries it to the
+    other ranks (3.10's traceback does not print it)."""
+    if sys.version_info >= (3, 11):
+        err.add_note(note)
+    else:
+        err.__notes__ = [*getattr(err, "__notes__", ()), note]  # type: ignore[attr-defined]
 
 
 def described(err: BaseException) -> str:
