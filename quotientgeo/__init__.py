@@ -5,6 +5,12 @@ geodesic sharpness of whole models measured on them (da Silva, Dangel & Oore, IC
 """
 
 from . import optim
+from .curvature import (
+    RiemannianHessian,
+    hessian_density,
+    hessian_eigenvalues,
+    hessian_trace,
+)
 from .geometry import ParameterGeometry, Source, find_symmetries
 from .manifolds import (
     AdaptiveGeometry,
@@ -46,6 +52,7 @@ __all__ = [
     "ProductQuotient",
     "QuotientManifold",
     "RescaleQuotient",
+    "RiemannianHessian",
     "RotaryGLQuotient",
     "ScaleQuotient",
     "SharpnessResult",
@@ -57,6 +64,9 @@ __all__ = [
     "calibrate_rho",
     "find_symmetries",
     "geodesic_sharpness",
+    "hessian_density",
+    "hessian_eigenvalues",
+    "hessian_trace",
     "optim",
     "relative_flatness",
 ]

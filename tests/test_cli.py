@@ -55,7 +55,7 @@ def test_entry_points_add_groups_and_commands(plugin):
     assert plugin == [3, 1]
     bench = cli.command_modules()["bench"]
     assert bench[0].__name__ == "quotientgeo.bench"  # the library's own commands come first
-    assert set(bench[0].COMMANDS) == {"memory", "sharpness"}
+    assert set(bench[0].COMMANDS) == {"cost", "memory", "sharpness"}
 
 
 def test_without_the_studies_reproduce_says_how_to_install_them(monkeypatch, capsys):

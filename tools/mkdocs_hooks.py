@@ -40,6 +40,7 @@ FENCE = re.compile(r"^\s*(```|~~~)")
 
 def _public_objects() -> dict[str, object]:
     import quotientgeo
+    import quotientgeo.curvature
     import quotientgeo.geometry
     import quotientgeo.manifolds
     import quotientgeo.optim
@@ -49,7 +50,13 @@ def _public_objects() -> dict[str, object]:
 
     modules = (quotientgeo, quotientgeo.geometry, quotientgeo.manifolds, quotientgeo.optim)
     public = {}
-    for module in (*modules, quotientgeo.options, quotientgeo.sharpness, quotientgeo.testing):
+    for module in (
+        *modules,
+        quotientgeo.options,
+        quotientgeo.sharpness,
+        quotientgeo.testing,
+        quotientgeo.curvature,
+    ):
         public.update({name: getattr(module, name) for name in module.__all__})
     # the optional integration (transformers comes with the test extra): without it, references
     # to its names fail the strict build

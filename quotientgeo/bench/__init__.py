@@ -4,11 +4,13 @@ Speed targets are checked here, never in unit tests: shared machines are noisy, 
 benchmark times its contenders in interleaved rounds of one process
 (:func:`.timing.interleaved`) and reports medians and per-round ratios.
 
-The library keeps the two benchmarks that a user of the installed package needs to size and
+The library keeps the three benchmarks that a user of the installed package needs to size and
 time a run on their own machine, model size and GPU:
 
 - ``memory``: peak memory of every measure against forward+backward (:mod:`.memory`);
 - ``sharpness``: seconds per sharpness iteration against forward+backward (:mod:`.sharpness`);
+- ``cost``: operators, host reads and bytes per iteration beyond forward+backward, counted at
+  the dispatcher (:mod:`.cost`);
 
 with their helpers, :mod:`.timing` (the interleaved harness) and :mod:`.options` (the model
 options). The developer benchmarks, which time the library against baselines (``projection``:
@@ -22,9 +24,10 @@ module ``quotientgeo_studies.bench``). It adds them to this same ``bench`` group
 
 from __future__ import annotations
 
-from . import memory, sharpness
+from . import cost, memory, sharpness
 
 COMMANDS = {
     "sharpness": (sharpness.add_arguments, sharpness.run),
     "memory": (memory.add_arguments, memory.run),
+    "cost": (cost.add_arguments, cost.run),
 }

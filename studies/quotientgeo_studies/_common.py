@@ -59,19 +59,21 @@ def out_dir(args: argparse.Namespace) -> Path:
 
 
 def progress(iterable, *, args: argparse.Namespace, desc: str, total: int | None = None):
-    """A tqdm bar over ``iterable`` that ``--no-progress`` silences (and that is off where the
-    output is not a terminal)."""
+    """A tqdm bar over ``iterable`` that ``--no-progress`` silences; where the output is not a
+    terminal, a line when it starts and one when it ends, with the elapsed time."""
     from quotientgeo.progress import progress_bar
 
-    return progress_bar(iterable, desc=desc, total=total, enabled=not args.no_progress, leave=True)
+    enabled = not args.no_progress
+    return progress_bar(iterable, desc=desc, total=total, enabled=enabled, leave=True, lines=True)
 
 
 def counter(desc: str, total: int, *, enabled: bool):
     """A tqdm bar of ``total`` steps to ``update`` by hand (for :meth:`Population.map`), off
-    when not ``enabled`` and where the output is not a terminal."""
+    when not ``enabled``; where the output is not a terminal, a line when the phase starts and
+    one when it ends, with the elapsed time."""
     from quotientgeo.progress import progress_bar
 
-    return progress_bar(None, desc=desc, total=total, enabled=enabled, leave=True)
+    return progress_bar(None, desc=desc, total=total, enabled=enabled, leave=True, lines=True)
 
 
 @contextlib.contextmanager

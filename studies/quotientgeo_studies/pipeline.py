@@ -46,13 +46,17 @@ class Study(Generic[Config, Records, Analysis]):
 
 
 def run_study(study: Study[Any, Any, Any], args: argparse.Namespace) -> int:
-    """``report(analyse(collect(config(args))))`` on rank 0; every rank collects its share."""
+    """``report(analyse(collect(config(args))))`` on rank 0; every rank collects its share.
+    The analysis is a phase of its own (a bar, or its start and end lines in a log)."""
     out = C.out_dir(args)
     config = study.config(args)
     with C.Population() as population:
         records = study.collect(config, population, out)
         if population.is_reporter:
-            study.report(config, study.analyse(config, records), out)
+            with C.counter("analysing", 1, enabled=not args.no_progress) as bar:
+                analysis = study.analyse(config, records)
+                bar.update(1)
+            study.report(config, analysis, out)
     return 0
 
 

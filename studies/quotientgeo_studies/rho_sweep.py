@@ -152,7 +152,7 @@ def collect(config: Config, population: C.Population, out: Path) -> Records:
     with C.threads(1):
         nets = models(config.quick, config.seed)
         jobs = [(n, m, r) for n in nets for m in config.metrics for r in config.rhos]
-        bar = progress_bar(jobs, desc="rho sweep", enabled=config.progress, leave=True)
+        bar = progress_bar(jobs, desc="rho sweep", enabled=config.progress, leave=True, lines=True)
         for name, metric, rho in bar:
             model, loss_fn, batches, geometry = nets[name]
             found = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 
 import pytest
@@ -154,12 +155,25 @@ def test_diagonal_quick_fields(quick):
             assert d["ball"][f"{kind}_{metric}"] == f"geodesic_{metric}"
 
 
-def test_diagonal_one_population(tmp_path):
-    """``--population sgd`` runs the grid population alone."""
-    args = ["reproduce", "diagonal", "--quick", "--no-progress", "--population", "sgd"]
+def test_diagonal_one_population(tmp_path, capsys):
+    """``--population sgd`` runs the grid population alone; its output is not a terminal, so
+    each phase prints a line when it starts and one when it ends, in order."""
+    args = ["reproduce", "diagonal", "--quick", "--population", "sgd"]
     assert main([*args, "--out", str(tmp_path)]) == 0
     d = json.loads((tmp_path / "diagonal.json").read_text())
     assert list(d["populations"]) == ["sgd"] and list(d["kendall_tau"]) == ["sgd"]
+    lines = [line for line in capsys.readouterr().err.splitlines() if " steps" in line]
+    phases = [
+        "training sgd (seed 0, converged)",
+        "calibrating ρ₁ (sgd)",
+        "τ(ρ) grid (sgd, models)",
+        "analysing",
+    ]
+    assert len(lines) == 2 * len(phases)
+    for phase, start, end in zip(phases, lines[::2], lines[1::2], strict=True):
+        assert re.fullmatch(rf"{re.escape(phase)}: started \((\d+) steps\)", start)
+        n = start.rsplit("(", 1)[1].split()[0]
+        assert re.fullmatch(rf"{re.escape(phase)}: {n}/{n} steps in [\d.]+ s", end), end
 
 
 def test_invariance_quick_is_invariant(quick):

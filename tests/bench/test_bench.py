@@ -61,3 +61,57 @@ def test_memory_bench_json(capsys):
         assert row["copies_above_floor"] == pytest.approx(
             row["above_floor_bytes"] / result["parameter_bytes"]
         )
+
+
+def test_cost_counter_counts_operators_host_reads_and_bytes_exactly():
+    """A loop of k adds is k operators, ``item()`` and ``bool()`` are one host read each,
+    views are not counted, and bytes are the inputs plus the outputs of each operator."""
+    import torch
+
+    from quotientgeo.bench.cost import CostCounter
+
+    x, y = torch.ones(10), torch.ones(10)
+    for k in (1, 3, 7):
+        with CostCounter() as c:
+            for _ in range(k):
+                x = x + y
+        assert (c.ops, c.host_reads, c.bytes) == (k, 0, k * 3 * 40)
+    with CostCounter() as c:
+        x.view(2, 5).t()[1:]
+        x.detach()
+        x[2:5].unsqueeze(0)
+    assert (c.ops, c.host_reads, c.bytes) == (0, 0, 0)
+    with CostCounter() as c:
+        x.sum().item()
+    assert (c.ops, c.host_reads) == (2, 1)  # the sum, then the read
+    with CostCounter() as c:
+        bool(x.sum() > 0)
+    assert c.host_reads == 1
+    with CostCounter() as c:
+        x[x > 2]  # boolean indexing: the output size depends on the values
+    assert c.host_reads == 1
+    with CostCounter() as c:
+        torch.linalg.cholesky(torch.eye(3, dtype=torch.float64))  # checks its info on the host
+        torch.linalg.cholesky_ex(torch.eye(3, dtype=torch.float64))  # does not
+    assert c.host_reads == 1
+    with CostCounter() as c:
+        torch._foreach_add_([x, y], [y, y])  # one operator for the list
+    assert c.ops == 1 and c.bytes == 6 * 40
+
+
+def test_cost_bench_json(capsys):
+    """``bench cost`` counts every measure and optimizer at two depths of a toy decoder."""
+    argv = ["bench", "cost", "--layers", "1", "2", "--d", "16", "--heads", "2", "--vocab", "50"]
+    argv += ["--seq", "4", "--n-iter", "1", "--extra", "2", "--steps", "1", "--json"]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result["depths"]) == {"1", "2"}
+    for depth in result["depths"].values():
+        rows = depth["per_iteration"]
+        assert set(rows) >= {"floor", "adaptive", "geodesic_mix", "geodesic_inv"}
+        assert set(rows) >= {"geodesic_inv_exact", "average", "sam", "asam", "geodesic_sam"}
+        assert "quotient_optimizer" in rows
+        assert rows["floor"]["ops"] > 0 and rows["floor"]["host_reads"] == 0
+        assert rows["adaptive"]["copies"] > 0 and rows["geodesic_mix"]["ops"] > 0
+    floor = [result["depths"][d]["per_iteration"]["floor"]["ops"] for d in ("1", "2")]
+    assert floor[1] > floor[0]  # a deeper model runs more operators

@@ -1,0 +1,377 @@
+r"""The Riemannian Hessian of a model's loss in its parameter geometry, as a linear operator.
+
+At the model's weights ``x``, with ``f`` the batch-averaged loss, ``G(x)`` the metric and ``Γ_x``
+its Christoffel contraction, every curve with ``γ(0) = x``, ``γ'(0) = ξ`` and
+``γ''(0) = -Γ_x(ξ, ξ)`` (a geodesic, or the second-order map ``x + ξ - ½Γ(ξ, ξ)`` of the
+sharpness measures) gives
+
+    ``f(γ(t)) = f(x) + t ∇f·ξ + ½ t² (ξᵀ ∇²f ξ - ∇f · Γ_x(ξ, ξ)) + O(t³)``.
+
+The symmetric bilinear form ``b(η, ξ) = ηᵀ ∇²f ξ - ∇f · Γ_x(η, ξ)`` is the Riemannian Hessian
+``⟨η, Hess f(x)[ξ]⟩_x``, and ``Hess f(x)[ξ] = G⁻¹ (∇²f ξ - c(ξ))`` with the covector
+``c(ξ)·η = ∇f · Γ_x(η, ξ)``. It equals ``D(grad f)(x)[ξ] + Γ_x(ξ, grad f(x))`` of the
+Levi-Civita connection; the second term, which carries ``∇f``, vanishes only at critical
+points. On the quotient, for horizontal ``ξ``, the Hessian of the quotient lifts to
+``P^h Hess f(x)[ξ]`` (the horizontal projection). This operator is
+
+    ``Hess ξ = P^h G⁻¹ (∇²f - c) P^h ξ``,
+
+self-adjoint in ``G``, zero on the vertical directions. Its parts: each kind of symmetry
+blocks in the metric it declares; the adaptive rest in the element-wise metric ``1/ŵ²`` frozen
+at ``x``, moving along straight lines (``Γ = 0``), as the sharpness measures move it; with
+``geometry="euclidean"`` every part in the Euclidean metric (``G = I``, ``Γ = 0``, no
+projection): the plain Hessian ``∇²f``.
+
+In whitened coordinates ``z`` (``ξ = T z`` with ``Tᵀ G T = I``, per head from the cached
+Cholesky factor of its metric weight) the operator is
+
+    ``A z = Tᵀ (P^h)ᵀ (∇²f - c) P^h T z``,
+
+symmetric in the Euclidean sense, with the eigenvalues of ``Hess`` on the horizontal space and
+zeros on the (whitened) vertical directions: the form eigensolvers and trace estimators take
+(``A @ z``, :meth:`~RiemannianHessian.to_scipy`). ``∇²f ξ`` is a Hessian-vector product by
+double backward (:mod:`quotientgeo.curvature.loss`); ``c`` and the adjoint ``Tᵀ (P^h)ᵀ`` are
+vector-Jacobian products of the manifolds' Christoffel contractions and projections
+(:mod:`quotientgeo.curvature.parts`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..geometry import ParameterGeometry
+from ..geometry import shards as sh
+from ..geometry.symmetries import geometry_of
+from ..manifolds import AdaptiveGeometry, BallDamping
+from ..sharpness.checks import check_batches, check_loss_fn, check_model
+from ..validation import positive_real
+from .groups import Group, groups_of
+from .loss import BatchLoss
+from .parts import FlatPart, FrozenPart, Part, QuotientPart
+
+Tensor = torch.Tensor
+
+__all__ = ["BlockOperator", "RiemannianHessian"]
+
+GEOMETRIES = ("riemannian", "euclidean")
+PRODUCTS = ("double_backward", "finite_difference")
+
+
+class _SymmetricOperator:
+    """``A @ v`` for ``v`` of shape ``(D,)`` or ``(D, k)``, :meth:`to_scipy` and
+    :meth:`to_dense`, from ``_matmat`` on ``(D, k)`` matrices."""
+
+    shape: tuple[int, int]
+    dtype: torch.dtype
+    device: torch.device
+
+    def _matmat(self, Z: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def __matmul__(self, v: Tensor) -> Tensor:
+        if not isinstance(v, Tensor):
+            raise TypeError(f"multiply a torch.Tensor, got {type(v).__name__}")
+        if v.dim() not in (1, 2) or v.shape[0] != self.shape[1]:
+            raise ValueError(
+                f"the operator is {self.shape[0]} × {self.shape[1]}: multiply a vector "
+                f"({self.shape[1]},) or a matrix ({self.shape[1]}, k), got {tuple(v.shape)}"
+            )
+        Z = v.to(dtype=self.dtype, device=self.device)
+        out = self._matmat(Z[:, None] if v.dim() == 1 else Z)
+        return out[:, 0] if v.dim() == 1 else out
+
+    def to_scipy(self):
+        """This operator as a ``scipy.sparse.linalg.LinearOperator`` on NumPy arrays (of the
+        operator's dtype; products run in torch on its device)."""
+        from scipy.sparse.linalg import LinearOperator
+
+        dtype = torch.empty((), dtype=self.dtype).numpy().dtype
+
+        def matmat(X):
+            Z = torch.as_tensor(np.asarray(X), device=self.device).to(self.dtype)
+            Z = Z.reshape(self.shape[1], -1)
+            return self._matmat(Z).cpu().numpy()
+
+        def matvec(x):
+            return matmat(np.asarray(x).reshape(-1, 1)).reshape(-1)
+
+        return LinearOperator(self.shape, matvec=matvec, rmatvec=matvec, matmat=matmat, dtype=dtype)  # pyright: ignore[reportCallIssue]
+
+    def to_dense(self, chunk_size: int = 64) -> Tensor:
+        """The whole ``D × D`` matrix, ``chunk_size`` columns per product (``D`` products: for
+        small models)."""
+        n = self.shape[1]
+        eye = torch.eye(n, dtype=self.dtype, device=self.device)
+        columns = [self._matmat(eye[:, s : s + chunk_size]) for s in range(0, n, chunk_size)]
+        return torch.cat(columns, dim=1) if columns else eye
+
+
+class RiemannianHessian(_SymmetricOperator):
+    r"""The Riemannian Hessian of the batch-averaged loss at the model's weights (module
+    docstring), matrix-free, in whitened coordinates.
+
+    ``H @ z`` multiplies whitened vectors ``z`` of shape ``(D,)`` or matrices ``(D, k)``
+    (``D = H.shape[0]``, every trainable entry once; dtype and device of the model's
+    coordinates, at least float32): the symmetric ``A = Tᵀ (P^h)ᵀ (∇²f - c) P^h T``, whose
+    eigenvalues are those of the quotient's Hessian on the horizontal space, and ``0`` on the
+    vertical directions. :meth:`apply` gives ``Hess ξ`` itself on tangent vectors,
+    :meth:`tangent` and :meth:`whiten` convert between the two coordinates, and
+    :meth:`to_parameters` names a vector's entries by parameter.
+
+    Args:
+        model: the network; read only (every product runs in eval mode through
+            ``torch.func.functional_call`` at the weights read at construction; modes,
+            buffers and ``.grad`` are restored after each).
+        loss_fn: ``loss_fn(model, batch) -> scalar tensor``, as for
+            :func:`~quotientgeo.geodesic_sharpness`.
+        batches: an iterable of batches, read once and kept: ``f`` is the mean of
+            ``loss_fn`` over them and every product runs over all of them.
+        symmetries: ``"auto"`` (:func:`~quotientgeo.find_symmetries`), a
+            :class:`~quotientgeo.ParameterGeometry` of ``model``, or ``None`` (every
+            parameter in the adaptive geometry), as for the sharpness measures.
+        metric: the metric to declare with ``symmetries="auto"`` (``"mix"``, ``"inv"`` or
+            ``s``); ``None``: each block's own.
+        geometry: ``"riemannian"`` (default; the symmetry blocks' quotient metrics and the
+            adaptive rest) or ``"euclidean"`` (the plain Hessian ``∇²f`` in the same
+            coordinates, what PyHessian and curvlinops compute).
+        eps: Gram relaxation of the GL kinds (``P + eps·I``, or a
+            :class:`~quotientgeo.BallDamping` with its radius); ``None`` keeps the declared.
+            LoRA adapters that discovery declares with ``BallDamping()`` need it: there is no
+            ball to take the radius from.
+        product: how ``∇²f ξ`` is computed: ``"double_backward"`` (default: exact, one
+            forward and two backward passes per batch through the gradient's graph) or
+            ``"finite_difference"``: ``(∇f(x + tξ) - ∇f(x - tξ)) / (2t)``, two ordinary
+            gradients per batch (no graph of the gradient is kept: what a sharded or very
+            large model affords), error ``O(t²)``; in float32 or wider.
+        step: the finite difference's relative step: ``t = step · (1 + ‖x‖_∞) / ‖ξ‖_∞``
+            (``None``: ``ε^{1/3}`` of the dtype, which balances the ``O(t²)`` error against
+            rounding ``O(ε/t)``).
+
+    Attributes:
+        geometry: the :class:`~quotientgeo.ParameterGeometry` measured.
+        geometry_kind: ``"riemannian"`` or ``"euclidean"``.
+        loss: ``f`` at the weights.
+        groups: the coordinates grouped by layer and kind of block
+            (:mod:`quotientgeo.curvature.groups`), for :meth:`restricted`.
+        products: vectors multiplied so far (each costs one forward and two backward passes
+            per batch, a matrix of ``k`` columns shares the forward and first backward).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Callable[[nn.Module, Any], Tensor],
+        batches: Iterable,
+        *,
+        symmetries: str | ParameterGeometry | None = "auto",
+        metric: str | float | None = None,
+        geometry: str = "riemannian",
+        eps: float | BallDamping | None = None,
+        product: str = "double_backward",
+        step: float | None = None,
+    ):
+        check_model(model)
+        check_loss_fn(loss_fn)
+        check_batches(batches)
+        if geometry not in GEOMETRIES:
+            raise ValueError(f"geometry must be 'riemannian' or 'euclidean', got {geometry!r}")
+        if product not in PRODUCTS:
+            raise ValueError(
+                f"product must be 'double_backward' or 'finite_difference', got {product!r}"
+            )
+        self.product = product
+        self._step = None if step is None else positive_real("step", step)
+        self.geometry: ParameterGeometry = geometry_of(model, symmetries, metric, eps=eps)
+        self.geometry_kind = geometry
+        if sh.sharded_parameters(self.geometry.params.values()):
+            raise ValueError(
+                "the Riemannian Hessian cannot measure a model sharded over ranks (FSDP2) yet: "
+                "measure a copy that one process holds whole"
+            )
+        manifolds = self.geometry.manifolds()
+        for i, m in enumerate(manifolds):
+            damping = getattr(m, "eps", None)
+            if isinstance(damping, BallDamping) and damping.radius is None:
+                raise ValueError(
+                    f"kind {i} ({m!r}) is relaxed by BallDamping(), which takes its radius from "
+                    "a sharpness ball; the Hessian has none: pass eps=BallDamping(radius) or a "
+                    "number"
+                )
+        self.batches = list(batches)
+        if not self.batches:
+            raise ValueError("batches is empty: nothing to measure the Hessian on")
+        points, w = self.geometry.gather()
+        self._points, self._w = points, w
+        self._loss = BatchLoss(self.geometry, loss_fn, self.batches)
+        self._advance: Callable[[], object] = lambda: None
+        self.loss, gradient = self._loss.gradient(points, w)
+        self._gradient = gradient
+        if geometry == "euclidean":
+            self.parts: list[Part] = [FlatPart() for _ in (*points, w)]
+        else:
+            rest = self.geometry.rest_manifold()
+            if not isinstance(rest, AdaptiveGeometry):
+                raise TypeError(f"the adaptive rest must be an AdaptiveGeometry, got {rest!r}")
+            self.parts = [
+                QuotientPart(x, m, g)
+                for x, m, g in zip(points, manifolds, gradient[:-1], strict=True)
+            ]
+            self.parts.append(FrozenPart(w, rest))
+        self._sizes = [t.numel() for t in (*points, w)]
+        self._shapes = [t.shape for t in (*points, w)]
+        n = sum(self._sizes)
+        self.shape = (n, n)
+        self.dtype = w.dtype
+        self.device = w.device
+        self.groups: list[Group] = groups_of(self.geometry, self.device)
+        self.products = 0
+
+    # ------------------------------------------------------------------ coordinates
+    @property
+    def dim(self) -> int:
+        """``D``: the number of trainable entries."""
+        return self.shape[0]
+
+    @property
+    def passes(self) -> int:
+        """Batch passes so far (the gradient at construction, then one per batch per
+        product of a vector or a matrix)."""
+        return self._loss.passes
+
+    @property
+    def gradient(self) -> Tensor:
+        """``∇f`` at the weights, flat (Euclidean coordinates)."""
+        return self._join(self._gradient)
+
+    def _split(self, v: Tensor) -> list[Tensor]:
+        return [t.reshape(s) for t, s in zip(v.split(self._sizes), self._shapes, strict=True)]
+
+    def _join(self, parts: list[Tensor]) -> Tensor:
+        return torch.cat([t.reshape(-1) for t in parts])
+
+    def _vector(self, v: Tensor, name: str) -> Tensor:
+        if not isinstance(v, Tensor) or v.shape != (self.dim,):
+            got = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
+            raise ValueError(f"{name} must be a tensor of shape ({self.dim},), got {got}")
+        return v.to(dtype=self.dtype, device=self.device)
+
+    def tangent(self, z: Tensor) -> Tensor:
+        """``P^h T z``: the horizontal tangent vector of whitened coordinates ``z`` (flat)."""
+        z = self._vector(z, "z")
+        return self._join([p.tangent(t) for p, t in zip(self.parts, self._split(z), strict=True)])
+
+    def whiten(self, xi: Tensor) -> Tensor:
+        """``Tᵀ G ξ``: whitened coordinates of the tangent vector ``ξ`` (flat);
+        ``tangent(whiten(ξ)) = ξ`` for a horizontal ``ξ``."""
+        xi = self._vector(xi, "xi")
+        return self._join([p.whiten(t) for p, t in zip(self.parts, self._split(xi), strict=True)])
+
+    def inner(self, xi: Tensor, eta: Tensor) -> Tensor:
+        """``⟨ξ, η⟩_x = ξᵀ G η`` of two tangent vectors (flat)."""
+        xi, eta = self._vector(xi, "xi"), self._vector(eta, "eta")
+        images = [p.metric(t) for p, t in zip(self.parts, self._split(eta), strict=True)]
+        return torch.dot(xi, self._join(images))
+
+    def to_parameters(self, v: Tensor) -> dict[str, Tensor]:
+        """A vector in the operator's (tangent) coordinates as ``name -> tensor`` in the
+        parameters' shapes (and dtypes)."""
+        parts = self._split(self._vector(v, "v"))
+        return self.geometry.scatter(parts[:-1], parts[-1])
+
+    def restricted(self, group: Group) -> BlockOperator:
+        """The diagonal block of this operator on ``group``'s coordinates."""
+        return BlockOperator(self, group)
+
+    # ------------------------------------------------------------------ products
+    def _difference(self, xi: list[Tensor]) -> list[Tensor]:
+        """``(∇f(x + tξ) - ∇f(x - tξ)) / (2t) = ∇²f ξ + O(t²)`` (central difference)."""
+        coords = [*self._points, self._w]
+        size = max(float(v.abs().max()) if v.numel() else 0.0 for v in xi)
+        if size == 0:
+            return [torch.zeros_like(v) for v in xi]
+        scale = max(float(c.abs().max()) if c.numel() else 0.0 for c in coords)
+        step = self._step if self._step is not None else torch.finfo(self.dtype).eps ** (1 / 3)
+        t = step * (1 + scale) / size
+        ends = []
+        for sign in (1, -1):
+            moved = [c + (sign * t) * v for c, v in zip(coords, xi, strict=True)]
+            ends.append(self._loss.gradient(moved[:-1], moved[-1], advance=self._advance)[1])
+        return [(a - b) / (2 * t) for a, b in zip(*ends, strict=True)]
+
+    def _covectors(self, xis: list[list[Tensor]]) -> list[list[Tensor]]:
+        """``(∇²f - c)(ξ)`` of tangent vectors ``ξ`` (lists of parts)."""
+        if self.product == "finite_difference":
+            hv = [self._difference(xi) for xi in xis]
+        else:
+            hv = self._loss.hvp(self._points, self._w, xis, advance=self._advance)
+        out = []
+        for h, xi in zip(hv, xis, strict=True):
+            row = []
+            for part, hp, xp in zip(self.parts, h, xi, strict=True):
+                c = part.connection(xp)
+                row.append(hp if c is None else hp - c)
+            out.append(row)
+        return out
+
+    def apply(self, xi: Tensor) -> Tensor:
+        """``Hess ξ = P^h G⁻¹ (∇²f - c) P^h ξ`` of a tangent vector ``ξ`` (flat): the
+        Riemannian Hessian itself, self-adjoint in :meth:`inner`."""
+        xi = self._vector(xi, "xi")
+        parts = [p.project(t) for p, t in zip(self.parts, self._split(xi), strict=True)]
+        (covector,) = self._covectors([parts])
+        self.products += 1
+        return self._join([p.riemannian(c) for p, c in zip(self.parts, covector, strict=True)])
+
+    def _matmat(self, Z: Tensor) -> Tensor:
+        columns = Z.unbind(1)
+        with torch.enable_grad():
+            zs = [[t.detach().requires_grad_(True) for t in self._split(col)] for col in columns]
+            xis = [[p.tangent(t) for p, t in zip(self.parts, z, strict=True)] for z in zs]
+        covectors = self._covectors([[t.detach() for t in xi] for xi in xis])
+        out = []
+        for z, xi, c in zip(zs, xis, covectors, strict=True):
+            back = torch.autograd.grad(xi, z, c, allow_unused=True)
+            out.append(
+                self._join(
+                    [torch.zeros_like(t) if b is None else b for t, b in zip(z, back, strict=True)]
+                )
+            )
+        self.products += len(columns)
+        return torch.stack(out, dim=1) if out else Z.clone()
+
+    def __repr__(self) -> str:
+        model = type(self.geometry.model).__name__
+        return (
+            f"RiemannianHessian({model}, geometry={self.geometry_kind!r}, dim={self.dim}, "
+            f"batches={len(self.batches)}, dtype={self.dtype})"
+        )
+
+
+class BlockOperator(_SymmetricOperator):
+    """The diagonal block ``A_gg`` of a :class:`RiemannianHessian` on the coordinates of one
+    group ``g``: ``z_g ↦ (A [z_g; 0])_g``, symmetric, of size ``group.dim``.
+
+    Attributes:
+        hessian: the whole operator.
+        group: the :class:`~quotientgeo.curvature.groups.Group`.
+    """
+
+    def __init__(self, hessian: RiemannianHessian, group: Group):
+        self.hessian = hessian
+        self.group = group
+        self.shape = (group.dim, group.dim)
+        self.dtype = hessian.dtype
+        self.device = hessian.device
+
+    def _matmat(self, Z: Tensor) -> Tensor:
+        full = Z.new_zeros(self.hessian.dim, Z.shape[1])
+        full[self.group.index] = Z
+        return self.hessian._matmat(full)[self.group.index]
+
+    def __repr__(self) -> str:
+        return f"BlockOperator({self.group.name!r}, dim={self.group.dim})"
