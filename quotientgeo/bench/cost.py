@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -136,7 +136,7 @@ def count(fn: Callable[[], object]) -> dict[str, int]:
     return counter.totals()
 
 
-def _combine(*terms: tuple[float, dict[str, int]]) -> dict[str, float]:
+def _combine(*terms: tuple[float, Mapping[str, float]]) -> dict[str, float]:
     """``Σ wᵢ · countsᵢ`` key by key."""
     keys = ("ops", "host_reads", "bytes")
     return {k: sum(w * c[k] for w, c in terms) for k in keys}
@@ -260,11 +260,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extra", type=int, default=10, help="extra iterations of the long run")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps counted")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--hvp",
+        action="store_true",
+        help="count one Hessian-vector product of the Riemannian Hessian instead of the "
+        "measures (quotientgeo.bench.hvp)",
+    )
+    parser.add_argument(
+        "--hvp-rounds", type=int, default=0, help="with --hvp: also time it over this many rounds"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Operators, host reads and bytes per iteration of every measure, beyond the model."""
     torch.manual_seed(0)
+    if args.hvp:
+        return _run_hvp(args)
     out: dict[str, Any] = {
         "depths": {str(layers): _depth(args, layers) for layers in args.layers},
         "config": run_config(
@@ -284,4 +295,21 @@ def run(args: argparse.Namespace) -> int:
             r = out["depths"][layers]["per_iteration"][name]
             cells.append(f"{r['ops']:8.0f} / {r['host_reads']:5.1f} / {r['copies']:7.1f}")
         print(f"{name:>20} | " + " | ".join(f"{c:>34}" for c in cells))
+    return 0
+
+
+def _run_hvp(args: argparse.Namespace) -> int:
+    """``--hvp``: the cost of one Hessian-vector product (:mod:`.hvp`)."""
+    from . import hvp
+
+    out = {
+        "depths": hvp.run(args),
+        "config": run_config(
+            args, "layers", "d", "heads", "vocab", "seq", "batch", "dtype", "hvp_rounds"
+        ),
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        hvp.show(out["depths"])
     return 0

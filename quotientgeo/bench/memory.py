@@ -10,7 +10,10 @@ one batch of ``batch × seq`` random tokens with the language-modelling loss. Co
   run peaks at its worst step, and on the CPU the best iterate needs a buffer of its own only at
   a step after two that did not improve it: the default 3 iterations have no such step on this
   model, 30 do);
-- ``average``: ``n_samples`` random directions.
+- ``average``: ``n_samples`` random directions;
+- ``hvp_double_backward``, ``hvp_finite_difference`` (only where ``--only`` names them): the
+  Riemannian Hessian (:class:`~quotientgeo.curvature.RiemannianHessian`) built and one
+  product ``H @ z`` at a random ``z``.
 
 Each is reported as its peak in bytes, and as parameter copies above the floor:
 ``(peak − floor peak) / parameter bytes``, the parameter bytes counted in the parameters' own
@@ -68,7 +71,12 @@ def measures(n_iter: int, n_samples: int) -> dict[str, Measure]:
     }
 
 
-CONTENDERS = ("floor", *measures(1, 1))
+#: One Hessian-vector product ``H @ z`` of the Riemannian Hessian (:mod:`quotientgeo.curvature`)
+#: at a random ``z``, construction (the gradient at the weights) included, per ``product``;
+#: run only when ``--only`` names them.
+PRODUCTS = {"hvp_double_backward": "double_backward", "hvp_finite_difference": "finite_difference"}
+
+CONTENDERS = ("floor", *measures(1, 1), *PRODUCTS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -144,8 +152,20 @@ def parameter_bytes(model: torch.nn.Module) -> int:
 def contender(name: str, args: argparse.Namespace, model, loss_fn, batch) -> Callable[[], object]:
     if name == "floor":
         return lambda: loss_fn(model, batch).backward()
+    if name in PRODUCTS:
+        return lambda: hessian_vector_product(model, loss_fn, batch, PRODUCTS[name])
     measure = measures(args.n_iter, args.n_samples)[name]
     return lambda: measure.evaluate(model, loss_fn, [batch], progress=False)
+
+
+def hessian_vector_product(model, loss_fn, batch, product: str) -> torch.Tensor:
+    """``H @ z`` of the Riemannian Hessian of ``loss_fn`` on ``batch`` (``product`` as
+    :class:`~quotientgeo.curvature.RiemannianHessian` takes it) at a random whitened ``z``."""
+    from ..curvature import RiemannianHessian
+
+    H = RiemannianHessian(model, loss_fn, [batch], product=product)
+    z = torch.randn(H.dim, generator=torch.Generator().manual_seed(0)).to(H.dtype)
+    return H @ z.to(H.device)
 
 
 # ---------------------------------------------------------------------- the CPU: one process each
@@ -248,7 +268,11 @@ def run(args: argparse.Namespace) -> int:
         if int(os.environ.get("RANK", "0")) == 0:
             print(json.dumps(result))
         return 0
-    names = ["floor", *[n for n in CONTENDERS[1:] if args.only is None or n in args.only]]
+    default = [n for n in CONTENDERS[1:] if n not in PRODUCTS]
+    names = [
+        "floor",
+        *(default if args.only is None else [n for n in CONTENDERS if n in args.only]),
+    ]
     peaks: dict[str, dict[str, int]] = {}
     if args.device == "cpu":
         if not Path("/proc/self/clear_refs").exists():

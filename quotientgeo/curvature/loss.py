@@ -63,9 +63,11 @@ class BatchLoss:
         #: Batch passes run so far (a product over ``k`` vectors counts one per batch).
         self.passes = 0
 
-    def _graph(self, leaves: list[Tensor], batch, index: int) -> tuple[Tensor, list]:
-        """The loss of ``batch`` at ``leaves`` and its gradient with ``create_graph=True``
-        (``None`` where the loss does not depend on a leaf)."""
+    def _graph(
+        self, leaves: list[Tensor], batch, index: int, create_graph: bool = True
+    ) -> tuple[Tensor, list]:
+        """The loss of ``batch`` at ``leaves`` and its gradient, with its own graph where
+        ``create_graph`` (``None`` where the loss does not depend on a leaf)."""
         params = self.geometry.scatter(leaves[:-1], leaves[-1])
         named = {f"model.{name}": value for name, value in params.items()}
         try:
@@ -84,28 +86,37 @@ class BatchLoss:
             )
         if not loss.requires_grad:
             return loss.reshape(()), [None] * len(leaves)
-        grads = torch.autograd.grad(loss.reshape(()), leaves, create_graph=True, allow_unused=True)
+        grads = torch.autograd.grad(
+            loss.reshape(()), leaves, create_graph=create_graph, allow_unused=True
+        )
         return loss.reshape(()), list(grads)
 
     def gradient(
         self, points: Sequence[Tensor], w: Tensor, advance: Callable[[], object] = lambda: None
     ) -> tuple[float, list[Tensor]]:
         """``(f, ∇f)`` at ``(points, w)``: the mean loss and its gradient, one tensor per
-        coordinate tensor (points of each kind, then ``w``)."""
-        total = [torch.zeros_like(t) for t in (*points, w)]
+        coordinate tensor (points of each kind, then ``w``). An ordinary backward pass per
+        batch (no graph of the gradient); the first batch's gradient is the accumulator."""
+        coords = (*points, w)
+        total: list[Tensor | None] = [None] * len(coords)
         value = 0.0
         with model_state_preserved(self.model), torch.enable_grad():
             for i, batch in enumerate(self.batches):
-                leaves = [t.detach().requires_grad_(True) for t in (*points, w)]
-                loss, grads = self._graph(leaves, batch, i)
+                leaves = [t.detach().requires_grad_(True) for t in coords]
+                loss, grads = self._graph(leaves, batch, i, create_graph=False)
                 value += float(loss.detach())
-                for acc, g in zip(total, grads, strict=True):
+                for j, g in enumerate(grads):
                     if g is not None:
-                        acc.add_(g.detach())
+                        acc = total[j]
+                        total[j] = g.detach() if acc is None else acc.add_(g)
+                del grads
                 self.passes += 1
                 advance()
         n = len(self.batches)
-        return value / n, [t / n for t in total]
+        out = [torch.zeros_like(t) if g is None else g for g, t in zip(total, coords, strict=True)]
+        if n > 1:
+            torch._foreach_div_(out, float(n))  # pyright: ignore[reportPrivateImportUsage]
+        return value / n, out
 
     def hvp(
         self,

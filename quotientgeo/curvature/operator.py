@@ -37,6 +37,7 @@ vector-Jacobian products of the manifolds' Christoffel contractions and projecti
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -48,6 +49,7 @@ from ..geometry import ParameterGeometry
 from ..geometry import shards as sh
 from ..geometry.symmetries import geometry_of
 from ..manifolds import AdaptiveGeometry, BallDamping
+from ..manifolds.gl.damping import waiting
 from ..sharpness.checks import check_batches, check_loss_fn, check_model
 from ..validation import positive_real
 from .groups import Group, groups_of
@@ -140,9 +142,9 @@ class RiemannianHessian(_SymmetricOperator):
             adaptive rest) or ``"euclidean"`` (the plain Hessian ``∇²f`` in the same
             coordinates, what PyHessian and curvlinops compute).
         eps: Gram relaxation of the GL kinds (``P + eps·I``, or a
-            :class:`~quotientgeo.BallDamping` with its radius); ``None`` keeps the declared.
-            LoRA adapters that discovery declares with ``BallDamping()`` need it: there is no
-            ball to take the radius from.
+            :class:`~quotientgeo.FrameDamping` or :class:`~quotientgeo.BallDamping` with its
+            radius); ``None`` keeps the declared. LoRA adapters that discovery declares with
+            ``FrameDamping()`` need it: there is no ball to take the radius from.
         product: how ``∇²f ξ`` is computed: ``"double_backward"`` (default: exact, one
             forward and two backward passes per batch through the gradient's graph) or
             ``"finite_difference"``: ``(∇f(x + tξ) - ∇f(x - tξ)) / (2t)``, two ordinary
@@ -156,8 +158,6 @@ class RiemannianHessian(_SymmetricOperator):
         geometry: the :class:`~quotientgeo.ParameterGeometry` measured.
         geometry_kind: ``"riemannian"`` or ``"euclidean"``.
         loss: ``f`` at the weights.
-        groups: the coordinates grouped by layer and kind of block
-            (:mod:`quotientgeo.curvature.groups`), for :meth:`restricted`.
         products: vectors multiplied so far (each costs one forward and two backward passes
             per batch, a matrix of ``k`` columns shares the forward and first backward).
     """
@@ -196,10 +196,11 @@ class RiemannianHessian(_SymmetricOperator):
         manifolds = self.geometry.manifolds()
         for i, m in enumerate(manifolds):
             damping = getattr(m, "eps", None)
-            if isinstance(damping, BallDamping) and damping.radius is None:
+            if waiting(damping):
+                kind = type(damping).__name__
                 raise ValueError(
-                    f"kind {i} ({m!r}) is relaxed by BallDamping(), which takes its radius from "
-                    "a sharpness ball; the Hessian has none: pass eps=BallDamping(radius) or a "
+                    f"kind {i} ({m!r}) is relaxed by {kind}(), which takes its radius from "
+                    f"a sharpness ball; the Hessian has none: pass eps={kind}(radius) or a "
                     "number"
                 )
         self.batches = list(batches)
@@ -228,10 +229,17 @@ class RiemannianHessian(_SymmetricOperator):
         self.shape = (n, n)
         self.dtype = w.dtype
         self.device = w.device
-        self.groups: list[Group] = groups_of(self.geometry, self.device)
         self.products = 0
+        self._scale: float | None = None
 
     # ------------------------------------------------------------------ coordinates
+    @functools.cached_property
+    def groups(self) -> list[Group]:
+        """The coordinates grouped by layer and kind of block
+        (:mod:`quotientgeo.curvature.groups`), for :meth:`restricted`; built when first read
+        (their indices take two copies of the parameters in ``int64``)."""
+        return groups_of(self.geometry, self.device)
+
     @property
     def dim(self) -> int:
         """``D``: the number of trainable entries."""
@@ -291,17 +299,27 @@ class RiemannianHessian(_SymmetricOperator):
     def _difference(self, xi: list[Tensor]) -> list[Tensor]:
         """``(∇f(x + tξ) - ∇f(x - tξ)) / (2t) = ∇²f ξ + O(t²)`` (central difference)."""
         coords = [*self._points, self._w]
-        size = max(float(v.abs().max()) if v.numel() else 0.0 for v in xi)
+        size = float(_max_abs(xi))  # one host read
         if size == 0:
             return [torch.zeros_like(v) for v in xi]
-        scale = max(float(c.abs().max()) if c.numel() else 0.0 for c in coords)
+        if self._scale is None:  # ‖x‖_∞, read once
+            self._scale = float(_max_abs(coords))
         step = self._step if self._step is not None else torch.finfo(self.dtype).eps ** (1 / 3)
-        t = step * (1 + scale) / size
-        ends = []
+        t = step * (1 + self._scale) / size
+        # one moved point and one gradient besides the difference at a time: the second
+        # gradient is subtracted in place and each is freed once read
+        difference: list[Tensor] = []
         for sign in (1, -1):
-            moved = [c + (sign * t) * v for c, v in zip(coords, xi, strict=True)]
-            ends.append(self._loss.gradient(moved[:-1], moved[-1], advance=self._advance)[1])
-        return [(a - b) / (2 * t) for a, b in zip(*ends, strict=True)]
+            moved = [torch.add(c, v, alpha=sign * t) for c, v in zip(coords, xi, strict=True)]
+            grads = self._loss.gradient(moved[:-1], moved[-1], advance=self._advance)[1]
+            del moved
+            if not difference:
+                difference = grads
+            else:
+                torch._foreach_sub_(difference, grads)  # pyright: ignore[reportPrivateImportUsage]
+            del grads
+        torch._foreach_div_(difference, 2 * t)  # pyright: ignore[reportPrivateImportUsage]
+        return difference
 
     def _covectors(self, xis: list[list[Tensor]]) -> list[list[Tensor]]:
         """``(∇²f - c)(ξ)`` of tangent vectors ``ξ`` (lists of parts)."""
@@ -350,6 +368,12 @@ class RiemannianHessian(_SymmetricOperator):
             f"RiemannianHessian({model}, geometry={self.geometry_kind!r}, dim={self.dim}, "
             f"batches={len(self.batches)}, dtype={self.dtype})"
         )
+
+
+def _max_abs(tensors: list[Tensor]) -> Tensor:
+    """``max |t|`` over all entries of ``tensors`` (``0`` where there are none), unread."""
+    norms = [torch.linalg.vector_norm(t, ord=float("inf")) for t in tensors if t.numel()]
+    return torch.stack(norms).max() if norms else torch.zeros(())
 
 
 class BlockOperator(_SymmetricOperator):

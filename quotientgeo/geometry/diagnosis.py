@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..linalg import LinAlgError, gram
-from ..manifolds import BallDamping, GLQuotient, QuotientManifold
+from ..manifolds import FrameDamping, GLQuotient, QuotientManifold
 from ..manifolds.gl.damping import relaxation
 from .parameters import ParameterGeometry
 from .plan import HeadLocation
@@ -217,12 +217,15 @@ class Diagnosis:
         if isinstance(gl, GLQuotient):
             threshold = 1 / torch.finfo(x.dtype).eps
             rows = {"G": (0, gl.n), "H": (gl.n, x.shape[-2])}
+            framed = isinstance(gl.eps, FrameDamping)  # G may be anything, H needs full rank
             try:
-                eps = relaxation(gl.eps, *gl.split(x))
+                eps = 0.0 if isinstance(gl.eps, FrameDamping) else relaxation(gl.eps, *gl.split(x))
             except ValueError:  # a ball damping without its radius, or a zero pair
                 eps = 0.0
             flat = eps.flatten() if isinstance(eps, torch.Tensor) else eps
             for name, F in zip(("G", "H"), gl.split(x), strict=True):
+                if framed and name == "G":
+                    continue
                 s = torch.linalg.svdvals(F)
                 big, small = s[..., 0], s[..., -1]
                 cond = torch.where(small > 0, big / small, math.inf)
@@ -272,14 +275,14 @@ class Diagnosis:
             )
         limit = torch.finfo(dtype).eps ** -0.5
         declared = [getattr(_gl(self.manifolds[loc.kind]), "eps", 0.0) for loc, _, _ in found]
-        eps = max((e for e in declared if not isinstance(e, BallDamping)), default=0.0)
+        eps = max((e for e in declared if isinstance(e, (int, float))), default=0.0)
         remedies = [] if dtype == torch.float64 else ["compute in float64"]
         remedies.append(
             f"relax the geometry with an eps larger than {eps:g}"
             if eps > 0
-            else "relax the geometry with eps > 0 (Gram matrices GᵀG + eps·I) or with "
-            "eps=BallDamping() (ε = (ρ/σ̄)² per pair, the default of LoRA adapters, which start "
-            "at B = 0)"
+            else "relax the geometry with eps > 0 (Gram matrices GᵀG + eps·I) or, for a pair "
+            "whose H has full rank, with eps=FrameDamping() (GᵀG + (ρ/κ)²(HᵀH)⁻¹, exactly "
+            "invariant: the default of LoRA adapters, which start at B = 0)"
         )
         what = "rank-deficient factors" if len(conds) == len(found) else "degenerate points"
         return ValueError(

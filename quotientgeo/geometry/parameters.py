@@ -32,6 +32,7 @@ from ..manifolds import (
     DEFAULT_METRIC,
     AdaptiveGeometry,
     BallDamping,
+    FrameDamping,
     GLQuotient,
     QuotientManifold,
     RescaleQuotient,
@@ -264,7 +265,7 @@ class ParameterGeometry:
         return self.add(RescaleQuotient(metric), u, v, label=label)
 
     def with_metric(
-        self, metric: str | float | None, *, eps: float | BallDamping | None = None
+        self, metric: str | float | None, *, eps: float | BallDamping | FrameDamping | None = None
     ) -> ParameterGeometry:
         """A new geometry of the same model and blocks, each block's manifold replaced by
         ``manifold.with_metric(metric, eps=eps)``.
@@ -365,7 +366,10 @@ class ParameterGeometry:
         return devices.pop() if devices else torch.device("cpu")
 
     def manifolds(
-        self, metric: str | float | None = None, *, eps: float | BallDamping | None = None
+        self,
+        metric: str | float | None = None,
+        *,
+        eps: float | BallDamping | FrameDamping | None = None,
     ) -> list[QuotientManifold]:
         """One manifold per kind (order of :attr:`kinds` and :meth:`gather`).
 

@@ -24,11 +24,12 @@ import functools
 import itertools
 import math
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..manifolds import AdaptiveGeometry, BallDamping, QuotientManifold
+from ..manifolds import AdaptiveGeometry, QuotientManifold
 from ..manifolds.gl.damping import with_ball_filled
 from ..options import Norm, Perturbation
 from . import shards as sh
@@ -39,6 +40,7 @@ Tensor = torch.Tensor
 
 __all__ = [
     "MOVES",
+    "BasePoint",
     "BlockChunk",
     "PerturbationSpace",
     "Perturbations",
@@ -57,8 +59,13 @@ MOVES = {
 
 #: Entries of one :class:`Piece` (of the adaptive rest, or of an element-wise pass).
 PIECE = 2**22
-#: Parameters of fewer entries share pieces; larger ones are read as views of themselves.
-SMALL = 2**16
+#: Parameters of fewer entries share pieces (read as one concatenated copy, written back in one
+#: ``_foreach_copy_``); larger ones are read as views of themselves, sliced into pieces. A
+#: piece costs some forty operators per pass whatever its size, and each operator costs about
+#: what moving tens of megabytes does (a launch against the bandwidth of a GPU), so parameters
+#: up to a whole piece share: a model's small and middle-sized parameters cost a few pieces'
+#: operators, not a few per layer.
+SMALL = 2**22
 #: A :class:`BlockChunk` holds, in the compute dtype, at most this fraction of the bytes of the
 #: parameters in their own dtype (so half-precision weights get chunks of half the entries:
 #: their float32 transients count against the same budget), and at least one block. A pass
@@ -69,10 +76,10 @@ MIN_CHUNK_BYTES = 2**22
 
 
 def in_ball(manifold: QuotientManifold, radius: float | None) -> QuotientManifold:
-    """``manifold`` as a ball of radius ``radius`` perturbs it: a GL manifold relaxed by
-    ``BallDamping()`` (what discovery declares for LoRA adapters) gets the ball's radius; every
-    other manifold is itself."""
-    return manifold if radius is None else with_ball_filled(manifold, BallDamping(radius))
+    """``manifold`` as a ball of radius ``radius`` perturbs it: a GL manifold damped by a
+    ``FrameDamping()`` or ``BallDamping()`` still waiting for its radius (what discovery
+    declares for LoRA adapters) gets the ball's; every other manifold is itself."""
+    return manifold if radius is None else with_ball_filled(manifold, radius)
 
 
 def move_of(manifold, perturbation: Perturbation | str) -> str:
@@ -94,9 +101,11 @@ class PerturbationSpace:
     :class:`~quotientgeo.AdaptiveGeometry` (adaptive norm, perturbations kept horizontal).
     """
 
-    def __init__(self, manifold, x: Tensor, move: str, ball):
+    def __init__(self, manifold, x: Tensor, move: str, ball, factors: dict | None = None):
         self.manifold = manifold
         self.point = manifold.at(x)
+        if factors is not None:  # the factors of this base point computed by earlier spaces
+            self.point.cache = _KeptFactors(factors, x)
         self.linear = move == "retr"
         self.move = functools.partial(getattr(manifold, move), self.point)
         self.first_order = functools.partial(manifold.retr, self.point)  # ``x + ξ``
@@ -127,20 +136,77 @@ class PerturbationSpace:
 
     def gram(self, *vectors: Tensor) -> Tensor:
         """The Gram matrix ``<vᵢ, vⱼ>`` in the ball's metric, summed over the batch (``k × k``
-        for ``k`` vectors): the metric ``M(x)`` applied once per vector, then dot products."""
-        images = [self.ball.metric(self.ball_point, v).reshape(-1) for v in vectors]
-        flat = [v.reshape(-1) for v in vectors]
+        for ``k`` vectors): ``V = [v₁; …; v_k]`` stacked, the metric applied once to the stack
+        (a leading batch dimension), ``V M(x) Vᵀ`` in one matrix product, and its upper
+        triangle mirrored (``M`` is symmetric: the result is exactly symmetric)."""
+        stacked = torch.stack(vectors)
+        images = self.ball.metric(self.ball_point, stacked)
         k = len(vectors)
-        upper = {(i, j): torch.dot(flat[i], images[j]) for i in range(k) for j in range(i, k)}
-        return torch.stack(
-            [torch.stack([upper[min(i, j), max(i, j)] for j in range(k)]) for i in range(k)]
-        )
+        full = stacked.reshape(k, -1) @ images.reshape(k, -1).mT
+        return full.triu() + full.triu(1).mT
 
     def random(self, e: Tensor) -> Tensor:
         """The horizontal direction of the standard Gaussian draw ``e`` (of the point's shape):
         ``proj(T e)`` with ``Tᵀ M T = I`` in the ball metric, isotropic before the projection
         (the ``random_tangent`` recipe of :class:`~quotientgeo.QuotientManifold`)."""
         return self.manifold.proju(self.point, self.ball.isotropic(self.ball_point, e))
+
+
+def is_factor(value: Any, x: Tensor) -> bool:
+    """Whether a cached quantity of the point ``x`` (``(..., k, h)``, a batch of heads) is
+    ``h × h`` data per head: a number, or tensors (a tuple of them) of trailing shape
+    ``(h, h)``, ``(h, 1)``, ``(1, h)`` or ``(1, 1)`` that are neither ``x`` nor views of it.
+    Gram matrices, their damping, Cholesky factors, inverses and eigenbases are; a point's
+    element-wise scale, its parts and objects holding them are not."""
+    if isinstance(value, (int, float)):
+        return True
+    if isinstance(value, tuple):
+        return all(is_factor(v, x) for v in value)
+    if not isinstance(value, Tensor) or x.dim() < 3 or value.dim() < 2:
+        return False
+    h = x.shape[-1]
+    square = all(n in (1, h) for n in value.shape[-2:]) and value.shape[-2:] != x.shape[-2:]
+    return square and value.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+class _KeptFactors(dict):
+    """A point's cache (:class:`~quotientgeo.manifolds.AtPoint`) that starts with the factors
+    kept for its base point and adds the new ones to them (:func:`is_factor`)."""
+
+    def __init__(self, kept: dict, x: Tensor):
+        super().__init__(kept)
+        self.kept, self.x = kept, x
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        if is_factor(value, self.x):
+            self.kept[key] = value
+
+
+class BasePoint:
+    """The parts' :class:`PerturbationSpace` at one fixed point, its factors computed once.
+
+    Every space that a part gets here shares the part's ``h × h`` factors (:func:`is_factor`:
+    Gram matrices, damping, Cholesky factors, inverses, Sylvester eigenbases), computed by the
+    first space that needs them and reused by every later one, so that a measurement, whose
+    base point ``x0`` is fixed, factorises it once instead of once per pass. Only factors are
+    kept, a few ``h × h`` matrices per head; the part's point itself is gathered again for each
+    space (one transient chunk, as before).
+
+    Args:
+        x: the point in parameter coordinates (by name; local parts).
+        dtype: the compute dtype the parts are read in.
+    """
+
+    def __init__(self, x: Mapping[str, Tensor], dtype: torch.dtype):
+        self.x, self.dtype = x, dtype
+        self._factors: dict[BlockChunk | Piece, dict[str, Any]] = {}
+
+    def space(self, part: BlockChunk | Piece, x: Tensor | None = None) -> PerturbationSpace:
+        """``part`` at the point (``x``: its point, already read), with the factors kept."""
+        if x is None:
+            x = part.read(self.x, self.dtype)
+        return part.space(x, self._factors.setdefault(part, {}))
 
 
 class BlockChunk:
@@ -189,8 +255,8 @@ class BlockChunk:
         for name, p in self.params.items():
             tensors[name].copy_(sh.local_part(whole[name], p))
 
-    def space(self, x: Tensor) -> PerturbationSpace:
-        return PerturbationSpace(self.manifold, x, self.move, self.ball)
+    def space(self, x: Tensor, factors: dict | None = None) -> PerturbationSpace:
+        return PerturbationSpace(self.manifold, x, self.move, self.ball, factors)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -260,13 +326,25 @@ class Piece:
     @torch.no_grad()
     def write_(self, tensors: Mapping[str, Tensor], values: Tensor, names=None) -> None:
         """Write ``values`` into the piece's entries of ``tensors`` (of the parameters
-        ``names`` only, where given), in place."""
+        ``names`` only, where given), in place: the whole segments of contiguous tensors in one
+        ``_foreach_copy_``, the others segment by segment."""
+        targets, sources = [], []
         for seg, part in zip(self.segments, self.split(values), strict=True):
-            if names is None or seg.name in names:
-                seg.write_(tensors[seg.name], part)
+            if names is not None and seg.name not in names:
+                continue
+            t = tensors[seg.name]
+            if seg.mask is None and t.is_contiguous():
+                targets.append(t.view(-1)[seg.start : seg.stop])
+                sources.append(part)
+            else:
+                seg.write_(t, part)
+        if len(targets) == 1:
+            targets[0].copy_(sources[0])
+        elif targets:
+            torch._foreach_copy_(targets, sources)  # pyright: ignore[reportPrivateImportUsage]
 
-    def space(self, x: Tensor) -> PerturbationSpace:
-        return PerturbationSpace(self.manifold, x, "retr", self.manifold)
+    def space(self, x: Tensor, factors: dict | None = None) -> PerturbationSpace:
+        return PerturbationSpace(self.manifold, x, "retr", self.manifold, factors)
 
 
 def cut(entries: list[tuple[str, int, Tensor | None]], size: int = 0) -> list[list[Segment]]:
@@ -312,7 +390,8 @@ class Perturbations:
             metric on their points, perturbations kept horizontal).
         rest: the geometry of the adaptive rest (element-wise adaptive; SAM's flat one).
         radius: the ball's radius ``ρ``, for the GL kinds relaxed by a
-            :class:`~quotientgeo.BallDamping` that takes it from the ball (:func:`in_ball`).
+            :class:`~quotientgeo.FrameDamping` (or ``BallDamping``) that takes it from the ball
+            (:func:`in_ball`).
         chunk_bytes: the largest chunk of symmetry blocks, in bytes of the compute dtype
             (``None``: :data:`CHUNK_FRACTION` of the bytes of the parameters this rank holds, in
             their own dtype; at least :data:`MIN_CHUNK_BYTES`, at least one block).

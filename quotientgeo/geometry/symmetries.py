@@ -6,7 +6,7 @@ import warnings
 
 from torch import nn
 
-from ..manifolds import BallDamping
+from ..manifolds import BallDamping, FrameDamping
 from .discovery import find_symmetries
 from .parameters import ParameterGeometry
 
@@ -18,7 +18,7 @@ def geometry_of(
     symmetries,
     metric: str | float | None,
     *,
-    eps: float | BallDamping | None = None,
+    eps: float | BallDamping | FrameDamping | None = None,
     warn_missing: bool = True,
 ) -> ParameterGeometry:
     """The geometry a measure or the optimizer uses, its manifolds resolved once.

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from .layout import View
-from .plan import Concat, Plan, Segment
+from .plan import Block, Concat, Plan, Segment
 from .product import span_values
 
 Tensor = torch.Tensor
@@ -78,6 +78,9 @@ def gather_blocks(
             mask = _segment_mask(plan, seg, value.device)
             values.append(span_values(seg.span, value, mask).to(dtype))
         return torch.cat(values).unsqueeze(0)  # a copy, never a view of a parameter
+    congruent = _congruent(plan, kind, blocks, tensors)
+    if congruent is not None:
+        return _gather_stacked(congruent, tensors, dtype)
     parts = []
     for i in blocks:
         block = plan.blocks[k.blocks[i]]
@@ -109,6 +112,9 @@ def write_blocks_(
             else:
                 put = lambda m, v=part, mask=mask: m.masked_scatter_(mask, v.to(m.dtype))  # noqa: E731
             edits.setdefault(seg.span.name, (seg.span.view, []))[1].append(put)
+    elif (congruent := _congruent(plan, kind, blocks, tensors)) is not None:
+        _write_stacked(congruent, points, tensors)
+        return
     else:
         sizes = [k.sizes[i] for i in blocks]
         chunks = torch.split(points, sizes) if len(sizes) > 1 else (points,)
@@ -119,6 +125,56 @@ def write_blocks_(
                 edits.setdefault(r.name, (r.view, []))[1].append(put)
     for name, (view, puts) in edits.items():
         view.edit_(tensors[name], lambda m, puts=puts: [put(m) for put in puts])
+
+
+def _congruent(
+    plan: Plan, kind: int, blocks: range, tensors: Mapping[str, Tensor]
+) -> list[Block] | None:
+    """The blocks ``blocks`` of ``kind`` where they can move together, as one batch: two or
+    more blocks that read the same regions of same-shaped parameters (the layers of a model,
+    :meth:`Block.layout_key`), each region from a different parameter in every block, through
+    views (no regrouped rows) of contiguous tensors. ``None`` otherwise."""
+    k = plan.kinds[kind]
+    found = [plan.blocks[k.blocks[i]] for i in blocks]
+    if len(found) < 2:
+        return None
+    key = found[0].layout_key()
+    if any(b.layout_key() != key for b in found[1:]):
+        return None
+    for j, region in enumerate(found[0].regions):
+        names = [b.regions[j].name for b in found]
+        if region.view.interleave is not None or len(set(names)) != len(names):
+            return None
+        if not all(tensors[name].is_contiguous() for name in names):
+            return None
+    return found
+
+
+def _gather_stacked(found: list[Block], tensors: Mapping[str, Tensor], dtype) -> Tensor:
+    """:func:`gather_blocks` of congruent blocks (:func:`_congruent`): each region of every
+    block stacked in one copy, its heads' factors formed in one batch, one concatenation."""
+    first, n = found[0], len(found)
+    heads, rows = first.heads, []
+    for j, r in enumerate(first.regions):
+        region = torch.stack([b.regions[j].of(tensors[b.regions[j].name].detach()) for b in found])
+        if r.axis == 0:  # (n, heads·g·h, c): the n blocks' heads are one batch of heads
+            factor = r.to_factor(region.reshape(-1, region.shape[-1]), n * heads)
+        else:  # (n, c, heads·g·h) -> (n·heads, g·c, h), as Region.to_factor per block
+            c, g, h = region.shape[1], r.group, r.width
+            factor = region.reshape(n, c, heads, g, h).permute(0, 2, 3, 1, 4)
+            factor = factor.reshape(n * heads, g * c, h)
+        rows.append(factor.to(dtype))
+    return rows[0] if len(rows) == 1 else torch.cat(rows, dim=1)
+
+
+def _write_stacked(found: list[Block], points: Tensor, tensors: Mapping[str, Tensor]) -> None:
+    """:func:`write_blocks_` of congruent blocks: each region of every block written in one
+    ``_foreach_copy_``."""
+    first = found[0]
+    y = points.reshape(len(found), first.heads, *points.shape[1:])
+    for j, value in enumerate(_split_regions(y, first)):  # (n, *region)
+        targets = [b.regions[j].of(tensors[b.regions[j].name]) for b in found]
+        torch._foreach_copy_(targets, list(value.to(targets[0].dtype).unbind(0)))  # pyright: ignore[reportPrivateImportUsage]
 
 
 def _split_regions(y: Tensor, block) -> list[Tensor]:

@@ -5,6 +5,9 @@ from .base import DEFAULT_METRIC, AtPoint, QuotientManifold
 from .euclidean import EuclideanGeometry
 from .gl import (
     BallDamping,
+    FrameDamping,
+    FramedGLQuotient,
+    FramedTotalSpace,
     GLGroup,
     GLInvQuotient,
     GLMixQuotient,
@@ -38,6 +41,9 @@ __all__ = [
     "AtPoint",
     "BallDamping",
     "EuclideanGeometry",
+    "FrameDamping",
+    "FramedGLQuotient",
+    "FramedTotalSpace",
     "GLGroup",
     "GLInvQuotient",
     "GLMixQuotient",

@@ -57,7 +57,7 @@ from .groups import DEFAULT_CONDITION, random_exp
 from .ode import controlled, rk4, steps_for
 
 if TYPE_CHECKING:
-    from .gl.damping import BallDamping
+    from .gl.damping import BallDamping, FrameDamping
     from .quotient import GenericPath
 
 Tensor = torch.Tensor
@@ -251,7 +251,7 @@ class QuotientManifold(Manifold):
         return f"the group of {type(self).__name__}"
 
     def with_metric(
-        self, metric: str | float, *, eps: float | BallDamping | None = None
+        self, metric: str | float, *, eps: float | BallDamping | FrameDamping | None = None
     ) -> QuotientManifold:
         """This quotient with the metric named by ``metric`` (sharpness's ``metric=`` switch).
 

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 
 from .base import AtPoint, metric_variant
-from .gl.damping import BallDamping
+from .gl.damping import BallDamping, FrameDamping
 from .groups import DEFAULT_CONDITION, random_exp
 from .quotient import Quotient, TotalSpace
 
@@ -234,7 +234,7 @@ class RescaleQuotient(Quotient):
         return self._parts[0].extra_repr()
 
     def with_metric(
-        self, metric: str | float, *, eps: float | BallDamping | None = None
+        self, metric: str | float, *, eps: float | BallDamping | FrameDamping | None = None
     ) -> RescaleQuotient:
         """``RescaleQuotient(metric)`` (``eps`` does not apply)."""
         return RescaleQuotient(metric, exp_steps=self.exp_steps)

@@ -38,8 +38,8 @@ from ..geometry import shards as sh
 from ..geometry.diagnosis import Diagnosis
 from ..geometry.symmetries import geometry_of
 from ..geometry.transfer import gather_blocks, write_blocks_
-from ..manifolds import QuotientManifold
-from ..manifolds.gl.damping import with_ball_filled
+from ..manifolds import FrameDamping, QuotientManifold
+from ..manifolds.gl.damping import without_ball
 from ..options import checked_metric
 
 with warnings.catch_warnings():
@@ -55,9 +55,9 @@ Tensor = torch.Tensor
 __all__ = ["TRAINING_EPS", "QuotientOptimizer", "quotient_optimizer"]
 
 UNCHANGED = "the model's weights are unchanged"
-#: The Gram relaxation of blocks declared with ``BallDamping()`` (LoRA adapters), whose scale is
-#: a sharpness ball's radius: an optimizer has no ball, so they train with PEFT's default
-#: ``reg`` of ``create_riemannian_optimizer``.
+#: The Gram relaxation of blocks declared with a damping that takes its scale from a sharpness
+#: ball (``FrameDamping()``, the default of LoRA adapters, or ``BallDamping()``): an optimizer
+#: has no ball, so they train with PEFT's default ``reg`` of ``create_riemannian_optimizer``.
 TRAINING_EPS = 1e-2
 
 
@@ -259,7 +259,7 @@ def quotient_optimizer(
     *,
     symmetries: str | ParameterGeometry = "auto",
     metric: str | float | None = None,
-    eps: float | None = None,
+    eps: float | FrameDamping | None = None,
     **kwargs: Any,
 ) -> QuotientOptimizer:
     r"""A geoopt optimizer that trains ``model``'s symmetry blocks on their quotients.
@@ -288,9 +288,11 @@ def quotient_optimizer(
         eps: Gram relaxation of the GL metrics (``None``: the declared one). A LoRA adapter
             whose ``B`` starts at zero (PEFT's default) has ``P = eps·I``: it needs
             ``eps > 0``. Discovery declares LoRA pairs with
-            :class:`~quotientgeo.BallDamping`, whose scale is a sharpness ball; with
-            ``eps=None`` they train with ``TRAINING_EPS`` ``= 1e-2``, PEFT's default
-            ``reg``.
+            :class:`~quotientgeo.FrameDamping`, whose scale is a sharpness ball; with
+            ``eps=None`` they train with ``TRAINING_EPS`` ``= 1e-2`` (``P + eps·I``,
+            ``Q + eps·I``), PEFT's default ``reg``, so that a mix ``RiemannianSGD`` step is
+            PEFT's Riemannian SGD step (not GL-invariant, as PEFT's is not);
+            ``eps=FrameDamping(radius=r)`` steps invariantly.
         **kwargs: the optimizer's arguments (``lr``, ``momentum``, ``betas``,
             ``weight_decay``, ``stabilize``, …), for both groups; change a group's
             afterwards through ``opt.param_groups``.
@@ -341,8 +343,9 @@ def quotient_optimizer(
 
 def trained(manifold: QuotientManifold) -> QuotientManifold:
     """``manifold`` as an optimizer steps it: relaxed by ``TRAINING_EPS`` where it was
-    declared with ``BallDamping()`` (a sharpness ball's scale, which an optimizer lacks)."""
-    return with_ball_filled(manifold, TRAINING_EPS)
+    declared with a damping that waits for a sharpness ball's radius (which an optimizer
+    lacks)."""
+    return without_ball(manifold, TRAINING_EPS)
 
 
 def _points(geometry: ParameterGeometry) -> list[geoopt.ManifoldParameter]:

@@ -33,7 +33,7 @@ from torch import nn
 from ..geometry import ParameterGeometry
 from ..geometry import shards as sh
 from ..geometry.diagnosis import Diagnosis
-from ..geometry.perturbation import BlockChunk, Perturbations, Sums
+from ..geometry.perturbation import BasePoint, BlockChunk, Perturbations, Sums
 from ..geometry.symmetries import geometry_of
 from ..manifolds import EuclideanGeometry, QuotientManifold
 from ..options import Perturbation, checked_metric, option
@@ -169,8 +169,10 @@ class GeodesicSAM(torch.optim.Optimizer):
             "the weights are unchanged",
         )
 
+        base = BasePoint(weights, dtype)  # the factors of both passes computed once
+
         def gradient(part, x: Tensor):
-            s = part.space(x)
+            s = base.space(part, x)
             return s, s.rgrad(part.read(grads, dtype))
 
         with diagnosis.located():
@@ -215,7 +217,7 @@ class GeodesicSAM(torch.optim.Optimizer):
     @property
     def manifolds(self) -> list[QuotientManifold]:
         """Each kind's manifold as the current ball perturbs it (a LoRA pair's
-        ``BallDamping()`` with this optimizer's ``rho``)."""
+        ``FrameDamping()`` with this optimizer's ``rho``)."""
         return self.space.manifolds
 
     @torch.no_grad()

@@ -127,12 +127,13 @@ def auto_pgd(
     On an accelerator the comparison with the best value stays on the device (``torch.where``,
     and :meth:`Iterates.keep_best` gets a 0-dim tensor that the iterates read on the host when
     the device has later work queued), so that no iteration waits for the device's queue to
-    empty; only the checkpoints synchronise.
+    empty; only the checkpoints synchronise: each reads its restart decision (stalled or frozen,
+    computed on the device) in one host read, after ``check``.
     """
     marks = set(checkpoints(n_iter))
     eta, prev_eta, prev_cp = 2.0 * rho, 2.0 * rho, 0
     losses = best = n_updates = improved = None
-    on_host, prev_best = True, 0.0
+    on_host, prev_best = True, None
     for k in range(n_iter + 1):
         last = k == n_iter
         loss = iterates.value(k, not last)
@@ -142,7 +143,7 @@ def auto_pgd(
             on_host = host_tracking(loss.device)
             losses[0] = loss
             check(losses[:1])
-            best, improved, prev_best = loss, True, float(loss)
+            best, improved, prev_best = loss, True, loss
         else:
             assert losses is not None and best is not None and n_updates is not None
             losses[k] = loss
@@ -161,12 +162,14 @@ def auto_pgd(
         restarted = False
         if k in marks:
             check(losses[: k + 1])
-            best_now, updates = float(best), int(n_updates)  # pyright: ignore[reportArgumentType]
-            stalled = updates < MIN_UPDATE_RATIO * (k - prev_cp)
-            frozen = prev_eta == eta and prev_best == best_now
-            prev_eta, prev_best, prev_cp = eta, best_now, k
+            # stalled, or frozen (neither the step nor the best value changed): computed on
+            # the device and read in one host read
+            restart = n_updates < MIN_UPDATE_RATIO * (k - prev_cp)
+            if prev_eta == eta:
+                restart = restart | (best == prev_best)
+            prev_eta, prev_best, prev_cp = eta, best, k
             n_updates.zero_()
-            if stalled or frozen:
+            if bool(restart):
                 eta *= 0.5
                 iterates.restart(bool(improved), k)
                 restarted = True

@@ -70,7 +70,8 @@ def geodesic_sharpness(
         restarts: restart 0 starts at ``ξ = 0``; later ones at random horizontal directions.
         seed: seed of those random directions.
         eps: Gram relaxation of GL kinds (``P + eps·I``), for rank-deficient heads;
-            ``None`` keeps each kind's own (0 for discovered and ``add_gl_pair`` blocks).
+            ``None`` keeps each kind's own (0 for discovered attention and ``add_gl_pair``
+            blocks, :class:`~quotientgeo.FrameDamping` for discovered LoRA adapters).
         progress: show a tqdm progress bar (on a terminal; on rank 0 only in a process group).
         distributed: in an initialised ``torch.distributed`` process group of several ranks,
             ``"batches"`` (each rank its own batches; every rank returns the result over all

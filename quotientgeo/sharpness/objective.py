@@ -62,7 +62,7 @@ from torch import nn
 from ..geometry import ParameterGeometry
 from ..geometry import shards as sh
 from ..geometry.diagnosis import Diagnosis
-from ..geometry.perturbation import BlockChunk, Perturbations, Piece, Sums
+from ..geometry.perturbation import BasePoint, BlockChunk, Perturbations, Piece, Sums
 from ..heap import release_free_memory
 from .ranks import Local
 
@@ -120,6 +120,7 @@ class Objective:
         self.dtype = space.dtype
         self.device = self.geometry.device
         self.x0 = dict(x0)
+        self.base = BasePoint(self.x0, self.dtype)  # x0's factors, computed once
         self.weights = space.local()  # the model's own (local) weights: w̃ lives here
         self.diagnosis = Diagnosis(
             self.geometry,
@@ -193,6 +194,8 @@ class Objective:
     def _xi(self, piece: Piece) -> Tensor:
         """The piece's entries of the current iterate ``ξ_k`` (compute dtype; a view of
         ``current`` where it is held there)."""
+        if all(seg.name not in self.current for seg in piece.segments):  # read off the weights
+            return piece.read(self.weights, self.dtype) - piece.read(self.x0, self.dtype)
         parts = [
             seg.of(self.current[seg.name]).to(self.dtype)
             if seg.name in self.current
@@ -220,7 +223,7 @@ class Objective:
         """The symmetry blocks of the weights ``← γ_ξ(1)`` for ``ξ = source``."""
         with self.diagnosis.located():
             for chunk in self.space.all_chunks():
-                s = chunk.space(chunk.read(self.x0, self.dtype))
+                s = self.base.space(chunk)
                 chunk.write_(self.weights, s.move(chunk.read(source, self.dtype)))
 
     @torch.no_grad()
@@ -346,7 +349,7 @@ class Objective:
         sums = Sums(self.space, (3, 3))
         with self.diagnosis.located():
             for part in self.space.parts():
-                s = part.space(part.read(self.x0, self.dtype))
+                s = self.base.space(part)
                 xi = self._part_current(part)
                 prev = part.read(self.previous, self.dtype)
                 g = s.rgrad(s.pullback(xi, part.read(grads, self.dtype)))
@@ -459,7 +462,7 @@ class Objective:
         sums = Sums(self.space)
         with self.diagnosis.located():
             for part in self.space.parts():
-                s = part.space(part.read(self.x0, self.dtype))
+                s = self.base.space(part)
                 sums.add(part, s.sqnorm(part.read(xi, self.dtype)))
         return sums.total()
 
@@ -491,7 +494,7 @@ class Objective:
         sums = Sums(self.space)
         with self.diagnosis.located():
             for part, e in self.space.random_parts(gen):
-                s = part.space(part.read(self.x0, self.dtype))
+                s = self.base.space(part)
                 xi = s.random(e)
                 part.write_(out, xi)
                 sums.add(part, s.sqnorm(xi))

@@ -115,3 +115,39 @@ def test_cost_bench_json(capsys):
         assert rows["adaptive"]["copies"] > 0 and rows["geodesic_mix"]["ops"] > 0
     floor = [result["depths"][d]["per_iteration"]["floor"]["ops"] for d in ("1", "2")]
     assert floor[1] > floor[0]  # a deeper model runs more operators
+
+
+def test_cost_bench_hvp_counts_one_product_in_forward_backward_passes(capsys):
+    """``bench cost --hvp``: the finite-difference product evaluates the loss twice with two
+    backward passes, double backward once with one (its second backward runs through the
+    gradient's graph); the ratios are the counts over the floor's."""
+    argv = ["bench", "cost", "--hvp", "--layers", "1", "--d", "16", "--heads", "2"]
+    argv += ["--vocab", "50", "--seq", "4", "--hvp-rounds", "1", "--json"]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    depth = result["depths"]["1"]
+    rows, floor = depth["per_product"], depth["per_product"]["floor"]
+    assert (rows["finite_difference"]["evaluations"], rows["finite_difference"]["backward"]) == (
+        2,
+        2,
+    )
+    assert (rows["double_backward"]["evaluations"], rows["double_backward"]["backward"]) == (1, 1)
+    for name in ("double_backward", "finite_difference"):
+        row = rows[name]
+        assert row["fb_ops"] == pytest.approx(row["ops"] / floor["ops"])
+        assert row["fb_bytes"] == pytest.approx(row["copies"] / floor["copies"])
+        # the product runs its passes and the geometry's work besides
+        assert row["fb_ops"] > row["backward"] and row["beyond_ops"] > 0
+    times = depth["times"]["seconds"]
+    assert {"forward_backward", "double_backward", "finite_difference", "euclidean"} <= set(times)
+    assert all(s > 0 for s in times.values())
+
+
+def test_memory_bench_hessian_vector_product(capsys):
+    """``bench memory --only hvp_finite_difference``: the product's peak against the floor."""
+    argv = ["bench", "memory", "--layers", "1", "--d", "16", "--heads", "2", "--vocab", "50"]
+    argv += ["--seq", "8", "--batch", "2", "--only", "hvp_finite_difference", "--json"]
+    assert main(argv) == 0
+    peaks = json.loads(capsys.readouterr().out)["peaks"]
+    assert set(peaks) == {"floor", "hvp_finite_difference"}
+    assert peaks["hvp_finite_difference"]["peak_bytes"] > 0

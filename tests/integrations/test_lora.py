@@ -1,7 +1,12 @@
-"""PEFT LoRA adapters at their initial ``B = 0``: measured and trained with no ``eps`` given.
+"""PEFT LoRA adapters: measured and trained with no ``eps`` given, at ``B = 0`` and after.
 
 A tiny random BERT (float64) with PEFT adapters on ``query`` and ``value``, ``B = 0`` as PEFT
-initialises it. Discovery relaxes the adapters' pairs with ``BallDamping()``, ``ε = (ρ/σ̄)²``:
+initialises it. Discovery damps the adapters' pairs with ``FrameDamping()``,
+``BᵀB ↦ BᵀB + (ρ/κ)² (AAᵀ)⁻¹``:
+
+- trained adapters (``B ≠ 0``, full rank) moved along their GL(r) orbits by elements of
+  condition number 6 give the same default geodesic sharpness to 1e-9; the old
+  ``BallDamping()`` and the adaptive measure do not;
 
 - every measure returns a finite value and leaves the model as it was;
 - as the ball (and with it the relaxation) shrinks, mix sharpness over ``ρ`` and inv sharpness
@@ -28,6 +33,7 @@ pytest.importorskip("transformers")
 
 from quotientgeo import (  # noqa: E402
     BallDamping,
+    FrameDamping,
     adaptive_sharpness,
     average_sharpness,
     find_symmetries,
@@ -69,12 +75,77 @@ def adapters(model) -> list[tuple[torch.Tensor, torch.Tensor]]:
     ]
 
 
-def test_discovery_relaxes_adapters_by_the_ball():
+def test_discovery_damps_adapters_in_the_frame_of_a():
     model = lora_bert()
     geometry = find_symmetries(model)
     assert len(geometry.blocks) == 4
-    assert all(b.manifold.eps == BallDamping() for b in geometry.blocks)
+    assert all(b.manifold.eps == FrameDamping() for b in geometry.blocks)
     assert all(float(b.detach().abs().max()) == 0 for _, b in adapters(model))  # PEFT's B = 0
+
+
+def trained_lora_bert(steps: int = 30) -> torch.nn.Module:
+    """:func:`lora_bert` after ``steps`` AdamW steps on the regression batch: ``B ≠ 0``."""
+    model, batch = lora_bert(), regression_batches()[0]
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(steps):
+        regression_loss(model, batch).backward()
+        opt.step()
+        opt.zero_grad()
+    return model
+
+
+def moved_adapters(model, condition: float, seed: int) -> torch.nn.Module:
+    """A copy with every adapter moved along its orbit, ``(B, A) ↦ (B M, M⁻¹ A)``, by
+    ``M = U diag(σ) Vᵀ`` (``U``, ``V`` random orthogonal, ``σ`` from 1 to ``condition``)."""
+    moved, gen = copy.deepcopy(model), torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for a, b in adapters(moved):
+            r = a.shape[0]
+            U, V = (torch.linalg.qr(torch.randn(r, r, generator=gen, dtype=DT))[0] for _ in "UV")
+            sigma = torch.logspace(0, math.log10(condition), r, dtype=DT)
+            M = U @ torch.diag(sigma) @ V.T
+            b.copy_(b @ M)
+            a.copy_(torch.linalg.solve(M, a))
+    return moved
+
+
+def test_trained_adapters_moved_along_their_orbits_give_the_same_default_sharpness():
+    """Default geodesic sharpness (mix, FrameDamping) is exactly GL(r)-invariant on trained
+    adapters; the ball-scaled ``BallDamping()`` of the last release and the adaptive measure
+    are not, so the test can tell."""
+    model, batches = trained_lora_bert(), regression_batches()
+    for _, b in adapters(model):  # trained away from B = 0, to full rank
+        assert float(torch.linalg.svdvals(b.detach())[-1]) > 1e-3
+    moved = moved_adapters(model, condition=6.0, seed=3)
+    with torch.no_grad():  # the same function
+        ids = batches[0][0]
+        torch.testing.assert_close(
+            moved(input_ids=ids).last_hidden_state,
+            model(input_ids=ids).last_hidden_state,
+            rtol=1e-12,
+            atol=1e-12,
+        )
+
+    def gap(measure, **kw) -> float:
+        one, two = (
+            measure(m, regression_loss, batches, rho=0.05, **kw).value for m in (model, moved)
+        )
+        assert math.isfinite(one) and one > 0
+        return abs(one - two) / abs(one)
+
+    for metric in ("mix", "inv"):
+        assert gap(geodesic_sharpness, metric=metric, n_iter=5) < 1e-9
+    assert gap(geodesic_sharpness, n_iter=5, perturbation="exact") < 1e-9
+
+    def ball(m):
+        return find_symmetries(m).with_metric(None, eps=BallDamping())
+
+    old = [
+        geodesic_sharpness(m, regression_loss, batches, rho=0.05, symmetries=ball(m), n_iter=5)
+        for m in (model, moved)
+    ]
+    assert abs(old[0].value - old[1].value) / old[0].value > 1e-6
+    assert gap(adaptive_sharpness, n_iter=5) > 1e-3
 
 
 def test_every_measure_is_finite_at_peft_initialisation():
@@ -138,6 +209,22 @@ def test_an_absolute_relaxation_has_no_limit():
     assert values[0] < values[1] < values[2] and values[2] > 10 * values[0], values
 
 
+def ball_bounds(A: torch.Tensor, B: torch.Tensor, rho: float, metric: str):
+    """How far a vector of metric norm ``ρ`` moves ``A`` and ``B`` (Frobenius norms) in the
+    frame-damped metric, ``P_δ = BᵀB + δ (AAᵀ)⁻¹``, ``δ = (ρ/κ)²``:
+
+    - mix, ``‖ξ_B A‖² + ‖B ξ_A‖² + δ ‖A⁺ξ_A‖² ≤ ρ²``: ``‖ξ_A‖ ≤ κ ‖A‖₂`` (``ξ_A = A A⁺ξ_A``)
+      and ``‖ξ_B‖ ≤ ρ / σ_min(A)``;
+    - inv, ``tr(P_δ⁻¹ ξ_Bᵀξ_B) + ‖A⁺ξ_A‖² ≤ ρ²``: ``‖ξ_A‖ ≤ ρ ‖A‖₂`` and
+      ``‖ξ_B‖ ≤ ρ √λ_max(P_δ)``.
+    """
+    s, reach = torch.linalg.svdvals(A), FrameDamping().reach
+    if metric == "mix":
+        return reach * float(s[0]), rho / float(s[-1])
+    P = B.T @ B + (rho / reach) ** 2 * torch.linalg.inv(A @ A.T)
+    return rho * float(s[0]), rho * float(torch.linalg.eigvalsh(P)[-1].sqrt())
+
+
 @pytest.mark.parametrize("metric", ["mix", "inv"])
 def test_geodesic_sam_fine_tunes_from_b_zero(metric):
     model, rho = lora_bert(), 0.05
@@ -157,14 +244,9 @@ def test_geodesic_sam_fine_tunes_from_b_zero(metric):
         start = [(a.detach().clone(), b.detach().clone()) for a, b in adapters(model)]
         opt.first_step(zero_grad=True)
         for (a0, b0), (a, b) in zip(start, adapters(model), strict=True):
-            r = a0.shape[0]
-            eps = rho**2 * 2 * r / (a0.pow(2).sum() + b0.pow(2).sum())
-            for before, after in ((a0, a), (b0, b)):
+            bounds = ball_bounds(a0, b0, rho, metric)
+            for before, after, bound in ((a0, a, bounds[0]), (b0, b, bounds[1])):
                 move = float((after - before).norm())
-                if metric == "mix":  # the ball's reach in the metric ⪰ ε·I, σ̄ = ρ/√ε
-                    bound = rho / math.sqrt(eps)
-                else:  # tr((FᵀF + εI)⁻¹ ξᵀξ) ≤ ρ²
-                    bound = rho * math.sqrt(torch.linalg.matrix_norm(before, 2) ** 2 + eps)
                 # the second-order map adds its Christoffel term to the step: allow it 10 %
                 assert move <= 1.1 * bound, (move, bound)
         loss().backward()
@@ -176,7 +258,7 @@ def test_geodesic_sam_fine_tunes_from_b_zero(metric):
 def test_a_zero_adapter_with_eps_zero_names_the_default():
     model, batches = lora_bert(), regression_batches()
     before = snapshot(model)
-    with pytest.raises(ValueError, match=r"lora_B\.default\.weight(.|\n)*BallDamping\(\)"):
+    with pytest.raises(ValueError, match=r"lora_B\.default\.weight(.|\n)*FrameDamping\(\)"):
         geodesic_sharpness(model, regression_loss, batches, rho=0.05, eps=0.0, n_iter=2)
     assert_same(snapshot(model), before)
 
@@ -202,6 +284,32 @@ def test_geoopt_training_defaults_are_pefts():
     for name, p in ours.named_parameters():
         torch.testing.assert_close(p, moved[name], rtol=0, atol=1e-12)
     assert any(float(b.detach().abs().max()) > 0 for _, b in adapters(ours))
+
+
+def test_a_frame_damped_optimizer_step_moves_with_the_orbit():
+    """With ``eps=FrameDamping(radius)`` a ``RiemannianSGD`` step is equivariant: an adapter and
+    its orbit-moved copy step to one adapter product ``B A``."""
+    import geoopt
+
+    from quotientgeo.optim import quotient_optimizer
+
+    start = trained_lora_bert(5)
+    batch = regression_batches()[0]
+
+    def products(eps) -> list[torch.Tensor]:
+        """``B A`` of every adapter after one step, of ``start`` and of its moved copy."""
+        out = []
+        for m in (copy.deepcopy(start), moved_adapters(start, condition=6.0, seed=1)):
+            opt = quotient_optimizer(m, geoopt.optim.RiemannianSGD, lr=0.1, eps=eps)
+            regression_loss(m, batch).backward()
+            opt.step()
+            out.append(torch.stack([(b @ a).detach() for a, b in adapters(m)]))
+        return out
+
+    one, two = products(FrameDamping(0.1))
+    torch.testing.assert_close(two, one, rtol=1e-12, atol=1e-14)
+    one, two = products(None)  # PEFT's reg, ``eps·I``: not invariant
+    assert float((two - one).abs().max()) > 1e-8
 
 
 def test_adapters_in_a_fused_encoder_layer_are_warned():

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from quotientgeo import (
     AdaptiveGeometry,
     EuclideanGeometry,
+    FrameDamping,
     GLQuotient,
     ProductQuotient,
     QuotientManifold,
@@ -97,6 +98,19 @@ def gl(metric, eps=0.0):
     return build
 
 
+def framed(metric, zero_g=False):
+    """A GL pair damped in ``H``'s frame; ``zero_g``: at ``G = 0`` (a LoRA adapter's start)."""
+
+    def build(draw, batch, g):
+        h, n, m = draw(gl_shapes())
+        x = gl_point(batch, n, m, h, g)
+        if zero_g:
+            x[..., :n, :] = 0
+        return GLQuotient(n, metric, FrameDamping(0.2)), x
+
+    return build
+
+
 def rotary(metric, pairing, partial):
     def build(draw, batch, g):
         h, n, m = draw(gl_shapes(min_h=3 if partial else 2, even=True))
@@ -163,6 +177,10 @@ KINDS = {
     "gl-mix": gl("mix"),
     "gl-interpolated": gl(0.3),
     "gl-interpolated-random-s": None,  # s drawn below
+    "gl-framed-mix": framed("mix"),
+    "gl-framed-inv": framed("inv"),
+    "gl-framed-mix-zero-g": framed("mix", zero_g=True),
+    "gl-framed-inv-zero-g": framed("inv", zero_g=True),
     "rotary-half-inv": rotary("inv", "half", False),
     "rotary-half-mix": rotary("mix", "half", False),
     "rotary-interleaved-inv": rotary("inv", "interleaved", False),

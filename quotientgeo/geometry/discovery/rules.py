@@ -8,8 +8,8 @@
   (:class:`~quotientgeo.RotaryGLQuotient`), of unknown pairing -> nothing (warned);
   otherwise one ``GL(h)`` pair per key/value head, ``G`` stacking its query heads.
 
-LoRA ``lora_A``/``lora_B`` adapters give a ``GL(r)`` pair ``G = W_B``, ``H = W_Aᵀ``, relaxed
-by :class:`~quotientgeo.BallDamping` (PEFT initialises ``B = 0``). GL and
+LoRA ``lora_A``/``lora_B`` adapters give a ``GL(r)`` pair ``G = W_B``, ``H = W_Aᵀ``, damped
+by :class:`~quotientgeo.FrameDamping` (PEFT initialises ``B = 0``). GL and
 rotary blocks carry the metric given to :func:`~quotientgeo.find_symmetries`. A pair whose
 factors are all frozen is left out (and counted), one with some frozen factors is warned.
 """
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from torch import nn
 
 from ...manifolds import (
-    BallDamping,
+    FrameDamping,
     GLQuotient,
     QuotientManifold,
     RotaryGLQuotient,
@@ -109,9 +109,10 @@ class Rules:
         return GLQuotient(n, self.metric)
 
     def lora_gl(self, n: int) -> GLQuotient:
-        """A LoRA pair's quotient: relaxed by :class:`~quotientgeo.BallDamping`, because PEFT
-        starts every adapter at ``B = 0``, where both metrics degenerate."""
-        return GLQuotient(n, self.metric, BallDamping())
+        """A LoRA pair's quotient: damped by :class:`~quotientgeo.FrameDamping` (``BᵀB`` becomes
+        ``BᵀB + (ρ/κ)² (AAᵀ)⁻¹``), because PEFT starts every adapter at ``B = 0``, where both
+        metrics degenerate; exactly GL(r)-invariant wherever ``A`` has full rank."""
+        return GLQuotient(n, self.metric, FrameDamping())
 
     # ------------------------------------------------------------------ attention
     def declare_attention(self, finding: AttentionFinding) -> None:

@@ -10,11 +10,14 @@
   quotient (the closed-form projection where there is one);
 - ``rotary.py``: the rotary subgroup and its quotient of the same total spaces;
 - ``blocks.py``: the block arithmetic they share;
-- ``damping.py``: :class:`BallDamping`, the relaxation scaled to a ball (pairs with a zero
-  factor, such as LoRA adapters at ``B = 0``).
+- ``damping.py``: :class:`FrameDamping` and :class:`BallDamping`, dampings scaled to a ball
+  (pairs with a zero factor, such as LoRA adapters at ``B = 0``);
+- ``framed.py``: the metrics damped in ``H``'s frame (:class:`FrameDamping`), exactly
+  invariant.
 """
 
-from .damping import BallDamping
+from .damping import BallDamping, FrameDamping
+from .framed import FramedGLQuotient, FramedTotalSpace
 from .group import GLGroup
 from .interpolated import InterpolatedGLQuotient, InterpolatedTotalSpace
 from .inv import GLInvQuotient, InvTotalSpace
@@ -25,6 +28,9 @@ from .total import GLTotalSpace
 
 __all__ = [
     "BallDamping",
+    "FrameDamping",
+    "FramedGLQuotient",
+    "FramedTotalSpace",
     "GLGroup",
     "GLInvQuotient",
     "GLMixQuotient",

@@ -1,25 +1,26 @@
-r"""Damping of the GL(h) metrics scaled to a ball: the relaxation of a pair with a zero factor.
+r"""Dampings of the GL(h) metrics scaled to a ball: pairs with a zero factor (LoRA at ``B = 0``).
 
 A LoRA adapter ``W + s·B A`` is the GL(r) pair ``G = B``, ``H = Aᵀ``, and PEFT starts it at
 ``B = 0``. The group still acts freely there (``A`` has full rank), but ``W = B A = 0`` is the
 singular point of the rank-``≤ r`` matrices and both metrics degenerate:
 
 - **mix**, ``‖ξ‖² = ‖ξ_G Hᵀ‖² + ‖G ξ_Hᵀ‖²`` for horizontal ``ξ``: at ``G = 0`` moving ``H`` costs
-  nothing. Relaxed by ``ε`` (``P = GᵀG + εI``), a ball of radius ``ρ`` reaches ``‖ξ_H‖ = ρ/√ε``
-  and the Christoffel term ``-H ξ_Gᵀξ_G P⁻¹`` of the second-order map grows like ``1/ε``: the
-  value of a fixed ball has no limit as ``ε → 0``.
-- **inv**, ``‖ξ‖² = tr(P⁻¹ ξ_Gᵀξ_G) + tr(Q⁻¹ ξ_Hᵀξ_H)``: ``G = 0`` is infinitely far away, a
-  ball reaches ``‖ξ_G‖ = ρ√ε`` and the adapter's contribution vanishes as ``ε → 0``.
+  nothing;
+- **inv**, ``‖ξ‖² = tr(P⁻¹ ξ_Gᵀξ_G) + tr(Q⁻¹ ξ_Hᵀξ_H)``: ``G = 0`` is infinitely far away.
 
-:class:`BallDamping` ties the relaxation to the ball: ``ε(x) = (ρ / σ̄(x))²`` with
-``σ̄² = (‖G‖² + ‖H‖²) / (2h)``, the mean square singular value of the two factors, computed at
-the base point, one ``ε`` per pair. The relaxed mix metric is at least ``ε`` times the
-Euclidean one, so its ball moves no factor farther than ``ρ / √ε = σ̄``, whatever ``ρ``; the
-relaxed inv ball moves a factor ``F`` at most ``ρ √(‖F‖₂² + ε)``. The relaxation vanishes like
-``ρ²`` as the ball shrinks, and at ``B = 0`` mix sharpness over ``ρ`` and inv sharpness over
-``ρ²`` then converge. It is not GL(h)-invariant (no relaxation that resolves ``G = 0`` can be:
-the orbit of ``(0, H)`` holds ``(0, H Aᵀ)`` at every scale), so measure full-rank pairs with
-``eps = 0`` where invariance matters.
+Two dampings, both of which take their radius ``ρ`` from the ball the pair is perturbed in:
+
+- :class:`FrameDamping` (the default of LoRA pairs): ``P = GᵀG`` becomes
+  ``P_δ = GᵀG + δ Q⁻¹``, ``δ = (ρ/κ)²``: ``G``'s Gram is damped in ``H``'s own frame. ``P_δ``
+  transforms as ``GᵀG`` does, so every metric stays exactly GL(h)-invariant wherever ``H`` has
+  full rank, also at ``G = 0`` (:mod:`.framed`).
+- :class:`BallDamping`: ``P + εI``, ``Q + εI`` with ``ε = (ρ/σ̄)²``,
+  ``σ̄² = (‖G‖² + ‖H‖²) / (2h)``. It is not GL(h)-invariant (``σ̄`` and ``I`` change along an
+  orbit), at a relative size that shrinks like ``ρ²``; kept for comparison and for pairs
+  in which either factor may vanish.
+
+A relaxation ``εI`` that resolves ``G = 0`` cannot be invariant (the orbit of ``(0, H)`` holds
+``(0, H Aᵀ)`` at every scale); ``δ Q⁻¹`` is, because it borrows its scale from ``H``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,14 @@ if TYPE_CHECKING:
 
 Tensor = torch.Tensor
 
-__all__ = ["BallDamping", "relaxation", "with_ball_filled"]
+__all__ = [
+    "BallDamping",
+    "FrameDamping",
+    "relaxation",
+    "waiting",
+    "with_ball_filled",
+    "without_ball",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,17 +80,74 @@ class BallDamping:
         return (2 * h * self.radius**2) / square
 
 
+@dataclasses.dataclass(frozen=True)
+class FrameDamping:
+    r"""The frame damping ``P_δ = GᵀG + δ Q⁻¹`` of a GL pair, ``δ = (ρ/κ)²``, ``Q = HᵀH``.
+
+    Pass it as the ``eps`` of :class:`~quotientgeo.GLQuotient`; the geometry is
+    :class:`~quotientgeo.manifolds.gl.framed.FramedGLQuotient`. ``G`` may be zero or rank
+    deficient, ``H`` must have full column rank. For a LoRA pair (``G = B``, ``H = Aᵀ``) the mix
+    metric gains ``(ρ/κ)² ‖A⁺ξ_A‖²``, the inv metric's term for ``A``, so the mix ball moves ``A``
+    at most ``κ`` in its own frame (``‖A⁺ξ_A‖ ≤ κ``). ``δ Q⁻¹`` transforms as ``GᵀG`` under
+    ``(G, H) ↦ (G M⁻¹, H Mᵀ)``, so the damped metrics are exactly GL(h)-invariant.
+
+    Args:
+        radius: ``ρ > 0``, or ``None`` (what discovery declares) for the radius of the ball:
+            the sharpness measures and :class:`~quotientgeo.optim.GeodesicSAM` fill in theirs.
+        reach: ``κ > 0``, the largest move of ``H`` in its own frame that the mix ball allows
+            (default ``½``). At ``G = 0`` the gradient of ``H`` vanishes and the second-order
+            map turns ``H`` by its Christoffel term, up to ``κ²/2`` of ``H`` in its frame:
+            ``½`` keeps that turn to an eighth and PEFT's first GeodesicSAM steps as they
+            were with ``BallDamping()``; larger ``κ`` is closer to the undamped quotient, in
+            which ``H`` turns freely at ``G = 0``.
+    """
+
+    radius: float | None = None
+    reach: float = 0.5
+
+    def __post_init__(self):
+        if self.radius is not None:
+            object.__setattr__(self, "radius", positive_real("radius", self.radius))
+        object.__setattr__(self, "reach", positive_real("reach", self.reach))
+
+    @property
+    def delta(self) -> float:
+        """``δ = (ρ/κ)²``."""
+        if self.radius is None:
+            raise ValueError(
+                "FrameDamping() takes its radius from the ball it is measured in; outside a "
+                "sharpness measure or GeodesicSAM, give it: FrameDamping(radius=rho)"
+            )
+        return (self.radius / self.reach) ** 2
+
+
 def relaxation(eps: float | BallDamping, G: Tensor, H: Tensor) -> float | Tensor:
     """The Gram relaxation of the pairs ``(G, H)``: ``eps`` itself, or a :class:`BallDamping`'s
     ``ε`` per pair."""
     return eps.of(G, H) if isinstance(eps, BallDamping) else eps
 
 
-def with_ball_filled(manifold: QuotientManifold, eps: float | BallDamping) -> QuotientManifold:
-    """``manifold`` with ``eps`` in place of a ``BallDamping()`` still waiting for its radius
-    (what discovery declares for LoRA adapters); any other manifold unchanged. A sharpness ball
-    fills in ``BallDamping(ρ)``, an optimizer, which has no ball, a number."""
+def waiting(eps: object) -> bool:
+    """Whether ``eps`` is a damping still waiting for a ball's radius (``radius=None``)."""
+    return isinstance(eps, (BallDamping, FrameDamping)) and eps.radius is None
+
+
+def with_ball_filled(manifold: QuotientManifold, radius: float) -> QuotientManifold:
+    """``manifold`` with its declared damping given the ball's ``radius`` where that damping
+    still waits for it (what discovery declares for LoRA adapters); any other manifold
+    unchanged."""
     declared, metric = getattr(manifold, "eps", None), manifold.metric_name
-    if not isinstance(declared, BallDamping) or declared.radius is not None or metric is None:
+    if not isinstance(declared, (BallDamping, FrameDamping)) or not waiting(declared):
+        return manifold
+    if metric is None:
+        return manifold
+    return manifold.with_metric(metric, eps=dataclasses.replace(declared, radius=radius))
+
+
+def without_ball(manifold: QuotientManifold, eps: float) -> QuotientManifold:
+    """``manifold`` relaxed by the number ``eps`` in place of a damping still waiting for a
+    ball's radius (an optimizer has no ball); any other manifold unchanged."""
+    declared, metric = getattr(manifold, "eps", None), manifold.metric_name
+    if not waiting(declared) or metric is None:
         return manifold
     return manifold.with_metric(metric, eps=eps)

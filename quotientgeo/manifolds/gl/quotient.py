@@ -8,7 +8,7 @@ import torch
 
 from ..base import AtPoint, metric_variant
 from ..quotient import Quotient
-from .damping import BallDamping
+from .damping import BallDamping, FrameDamping
 from .group import GLGroup
 from .total import GLTotalSpace
 
@@ -55,7 +55,9 @@ class GLQuotient(Quotient):
     Args:
         n: number of rows of ``G`` (``m`` follows from the point's shape).
         metric: ``"mix"`` (default), ``"inv"`` or the interpolation weight ``s``.
-        eps: Gram relaxation ``≥ 0``.
+        eps: Gram relaxation ``≥ 0``; a :class:`~.damping.BallDamping`; or a
+            :class:`~.damping.FrameDamping` (``GᵀG + δ(HᵀH)⁻¹``, exactly invariant; the class
+            is then :class:`~.framed.FramedGLQuotient`, for every metric).
         exp_steps: RK4 steps of :meth:`geodesic` where it integrates; ``None`` (default)
             chooses them from the velocity for a stated accuracy.
         dense_max: largest ``h²`` for which the generic projection (interpolated metric)
@@ -71,8 +73,12 @@ class GLQuotient(Quotient):
     def __new__(
         cls: type[T], n: int = 1, metric: str | float | None = None, *a: Any, **k: Any
     ) -> T:
-        from . import interpolated, inv, mix  # the metrics' classes, which subclass this one
+        from . import framed, interpolated, inv, mix  # the metrics' classes, which subclass this
 
+        if isinstance(k.get("eps", a[0] if a else None), FrameDamping):
+            if cls is not GLQuotient and not issubclass(cls, framed.FramedGLQuotient):
+                raise ValueError(f"{cls.__name__} takes no FrameDamping (GLQuotient does)")
+            return super().__new__(framed.FramedGLQuotient)  # type: ignore[misc]
         variants = {
             "inv": inv.GLInvQuotient,
             "mix": mix.GLMixQuotient,
@@ -84,7 +90,7 @@ class GLQuotient(Quotient):
         self,
         n: int,
         metric: str | float | None = None,
-        eps: float | BallDamping = 0.0,
+        eps: float | BallDamping | FrameDamping = 0.0,
         *,
         exp_steps: int | None = None,
         dense_max: int = 64,
@@ -97,7 +103,7 @@ class GLQuotient(Quotient):
         return self._parts[0].extra_repr()
 
     def with_metric(
-        self, metric: str | float, *, eps: float | BallDamping | None = None
+        self, metric: str | float, *, eps: float | BallDamping | FrameDamping | None = None
     ) -> GLQuotient:
         """``GLQuotient(n, metric)`` with this one's ``n``, steps and (unless given) ``eps``."""
         return GLQuotient(
@@ -120,7 +126,7 @@ class GLQuotient(Quotient):
         return self._parts[0].n
 
     @property
-    def eps(self) -> float | BallDamping:
+    def eps(self) -> float | BallDamping | FrameDamping:
         """The Gram relaxation."""
         return self._parts[0].eps
 

@@ -20,7 +20,7 @@ from ...validation import integer
 from ..base import DEFAULT_METRIC, AtPoint
 from ..groups import DEFAULT_CONDITION, check_condition
 from ..quotient import Quotient
-from .damping import BallDamping
+from .damping import BallDamping, FrameDamping
 from .group import GLGroup
 from .quotient import GLQuotient
 from .total import GLTotalSpace
@@ -187,7 +187,7 @@ class RotaryGLQuotient(Quotient):
         self,
         n: int,
         metric: str | float = DEFAULT_METRIC,
-        eps: float | BallDamping = 0.0,
+        eps: float | BallDamping | FrameDamping = 0.0,
         *,
         rotary_dims: int | None = None,
         pairing: str = "half",
@@ -213,7 +213,7 @@ class RotaryGLQuotient(Quotient):
         return f"{self.gl.extra_repr()}, rotary_dims={self.rotary_dims}, pairing={self.pairing!r}"
 
     def with_metric(
-        self, metric: str | float, *, eps: float | BallDamping | None = None
+        self, metric: str | float, *, eps: float | BallDamping | FrameDamping | None = None
     ) -> RotaryGLQuotient:
         """The same subgroup with the GL metric ``metric`` (and ``eps``, unless ``None``)."""
         return RotaryGLQuotient(

@@ -14,7 +14,7 @@ from ..base import AtPoint, metric_variant
 from ..ode import rk4
 from ..quotient import TotalSpace
 from .blocks import Coefficients, Products, blockwise
-from .damping import BallDamping, relaxation
+from .damping import BallDamping, FrameDamping, relaxation
 
 Tensor = torch.Tensor
 T = TypeVar("T")
@@ -47,8 +47,9 @@ class GLTotalSpace(TotalSpace):
     Args:
         n: number of rows of ``G`` (``m`` follows from the point's shape).
         metric: ``"mix"`` (default), ``"inv"`` or the interpolation weight ``s``.
-        eps: Gram relaxation ``≥ 0``, or a :class:`~.damping.BallDamping` (one ``ε`` per pair,
-            scaled to a ball's radius).
+        eps: Gram relaxation ``≥ 0``, a :class:`~.damping.FrameDamping` (the class is then
+            :class:`~.framed.FramedTotalSpace`), or a :class:`~.damping.BallDamping` (one ``ε``
+            per pair, scaled to a ball's radius).
         exp_steps: RK4 steps of :meth:`geodesic` where it integrates; ``None`` (default)
             chooses them from the velocity for a stated accuracy.
         dense_max: largest Lie-algebra dimension for which the generic projection forms the
@@ -61,8 +62,10 @@ class GLTotalSpace(TotalSpace):
     def __new__(
         cls: type[T], n: int = 1, metric: str | float | None = None, *a: Any, **k: Any
     ) -> T:
-        from . import interpolated, inv, mix  # the metrics' classes, which subclass this one
+        from . import framed, interpolated, inv, mix  # the metrics' classes, which subclass this
 
+        if cls is GLTotalSpace and isinstance(k.get("eps", a[0] if a else None), FrameDamping):
+            return super().__new__(framed.FramedTotalSpace)  # type: ignore[misc]
         variants = {
             "inv": inv.InvTotalSpace,
             "mix": mix.MixTotalSpace,
@@ -74,7 +77,7 @@ class GLTotalSpace(TotalSpace):
         self,
         n: int,
         metric: str | float | None = None,
-        eps: float | BallDamping = 0.0,
+        eps: float | BallDamping | FrameDamping = 0.0,
         *,
         exp_steps: int | None = None,
         dense_max: int = 64,
@@ -84,12 +87,12 @@ class GLTotalSpace(TotalSpace):
             eps = real_in("eps", eps, 0.0)
         super().__init__(exp_steps=exp_steps, dense_max=dense_max)
         self.n = n
-        self.eps: float | BallDamping = eps
+        self.eps: float | BallDamping | FrameDamping = eps
 
     @property
     def relaxed(self) -> bool:
         """Whether the Grams are relaxed (``eps > 0`` or a :class:`~.damping.BallDamping`)."""
-        return isinstance(self.eps, BallDamping) or self.eps > 0
+        return isinstance(self.eps, (BallDamping, FrameDamping)) or self.eps > 0
 
     def extra_repr(self) -> str:
         return f"n={self.n}, eps={self.eps}"
@@ -129,7 +132,10 @@ class GLTotalSpace(TotalSpace):
     def relaxation(self, p: AtPoint) -> float | Tensor:
         """The Gram relaxation at ``p``: ``eps``, or a :class:`~.damping.BallDamping`'s ``ε``
         of each pair (shape ``(..., 1, 1)``), cached on ``p``."""
-        return p.cached("relaxation", lambda: relaxation(self.eps, *self.split(p)))
+        eps = self.eps
+        if isinstance(eps, FrameDamping):  # FramedTotalSpace damps in H's frame instead
+            raise TypeError("a FrameDamping is no Gram relaxation ε·I")
+        return p.cached("relaxation", lambda: relaxation(eps, *self.split(p)))
 
     def grams(self, p: AtPoint) -> tuple[Tensor, Tensor]:
         """``(P, Q) = (GᵀG + eps·I, HᵀH + eps·I)``, cached on ``p``."""
@@ -233,6 +239,22 @@ class GLTotalSpace(TotalSpace):
             self._blockwise(v, cvG, cvH, add=out, into=True)
         return self._blockwise(p.x, cG[0], cH[0], add=out, into=True)
 
+    def gram_products(
+        self,
+        p: AtPoint,
+        P0: Tensor,
+        Q0: Tensor,
+        uF: tuple[Tensor, Tensor],
+        uv: tuple[Tensor, Tensor],
+    ) -> Products:
+        """The :class:`Products` of ``Γ(u, u)`` from the Grams ``P₀ = GᵀG``, ``Q₀ = HᵀH`` of a
+        point on the geodesic from ``p`` (relaxed as at ``p``) and ``uF``, ``uv``."""
+        if self.relaxed:
+            eye = torch.eye(P0.shape[-1], dtype=P0.dtype, device=P0.device)
+            P0, Q0 = P0 + self.relaxation(p) * eye, Q0 + self.relaxation(p) * eye
+        LP, LQ = cholesky(P0, "GᵀG"), cholesky(Q0, "HᵀH")
+        return Products(P0, Q0, cholesky_inverse(LP), cholesky_inverse(LQ), uF, uF, uv)
+
     # ------------------------------------------------------------------ geodesics
     def geodesic(
         self, x: Tensor | AtPoint, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
@@ -261,14 +283,11 @@ class GLTotalSpace(TotalSpace):
         eye = torch.eye(h, dtype=p.x.dtype, device=p.x.device).expand(*batch, h, h)
         zero = torch.zeros_like(eye)
         C0, D0 = torch.cat([eye, zero], dim=-2), torch.cat([zero, eye], dim=-2)
-        eps_eye = self.relaxation(p) * eye if self.relaxed else zero
 
         def acceleration(CG, CH, DG, DH):
             KCG, KCH, KDG, KDH = KG @ CG, KH @ CH, KG @ DG, KH @ DH
-            P, Q = mT(CG) @ KCG + eps_eye, mT(CH) @ KCH + eps_eye
-            LP, LQ = cholesky(P, "GᵀG"), cholesky(Q, "HᵀH")
             uF, uv = (mT(DG) @ KCG, mT(DH) @ KCH), (mT(DG) @ KDG, mT(DH) @ KDH)
-            k = Products(P, Q, cholesky_inverse(LP), cholesky_inverse(LQ), uF, uF, uv)
+            k = self.gram_products(p, mT(CG) @ KCG, mT(CH) @ KCH, uF, uv)
             (aG, bG, _), (aH, bH, _) = self.gamma_coefficients(k, True)
             return -(CG @ aG + DG @ bG), -(CH @ aH + DH @ bH)
 
