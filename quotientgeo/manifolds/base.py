@@ -478,11 +478,12 @@ class QuotientManifold(Manifold):
         steps: int | None,
     ) -> tuple[Tensor, Tensor]:
         """``run(N)``: ``N = steps``, else :attr:`exp_steps`, else from :meth:`rk4_steps` with
-        the error of the end point checked (:func:`~quotientgeo.manifolds.ode.controlled`)."""
+        the error of the end point checked (:func:`~quotientgeo.manifolds.ode.controlled`) in
+        the metric norm at ``p``, so that every point of an orbit takes the same steps."""
         n = self.rk4_steps(p, u, t, steps)
         if steps is not None or self.exp_steps is not None:
             return run(n)
-        return controlled(run, n, p.x, self.ndim)
+        return controlled(run, n, p.x, self.ndim, lambda w: self.norm(p, w))
 
     def rk4_steps(self, p: AtPoint, u: Tensor, t: Tensor, steps: int | None = None) -> int:
         """RK4 steps for the geodesic from ``(p, u)`` over ``[0, t]``.
@@ -490,8 +491,9 @@ class QuotientManifold(Manifold):
         ``steps``, else :attr:`exp_steps`, else ``⌈κ (16 / rtol)^{1/4}⌉`` with the rate
         ``κ = max |t| ||Γ(u, u)||_x / ||u||_x`` over the batch (metric norms, so the count is
         the same at every point of an orbit; one Christoffel contraction and one read on the
-        host), for a relative error of the end point below ``rtol`` (``1e-8`` in float64,
-        ``1e-5`` otherwise; see :mod:`quotientgeo.manifolds.ode`).
+        host), for a relative error of the end point below ``rtol`` (to the displacement, in
+        the metric at ``p``; ``1e-8`` in float64, ``1e-5`` otherwise; see
+        :mod:`quotientgeo.manifolds.ode`).
         """
         if steps is not None:
             return positive_int("steps", steps)

@@ -18,6 +18,14 @@ count grows until the estimated error is below ``rtol / 2``, or until the two ru
 their rounding (a displacement small against the point, in float32, cannot be resolved to
 ``rtol``: there more steps would add rounding, not accuracy). ``steps=`` (or ``exp_steps``)
 fixes the count and skips the check.
+
+Both the rate and the error estimate are metric norms at the start point, so the count is a
+function of GL-invariant quantities: a point and its copy moved along the orbit (by a group
+that acts linearly on the coordinates, as every shipped one does) take the same steps, and
+their end points are equivariant to rounding, not merely to ``rtol``. The stated accuracy is
+accordingly ``||γ(1) − γ_N(1)||_x ≤ rtol ||γ_N(1) − x||_x`` in the metric at ``x``. Only the
+rounding floor is Euclidean (rounding happens in the coordinates); where it decides
+differently at two points of an orbit, both runs agree to their rounding anyway.
 """
 
 from __future__ import annotations
@@ -65,25 +73,41 @@ def steps_for(rate: float, dtype: torch.dtype) -> int:
 
 
 def controlled(
-    run: Callable[[int], tuple[Tensor, Tensor]], n: int, x: Tensor, ndim: int
+    run: Callable[[int], tuple[Tensor, Tensor]],
+    n: int,
+    x: Tensor,
+    ndim: int,
+    norm: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``run(N)`` (``(γ(t), γ'(t))`` in ``N`` RK4 steps) with ``N ≥ n`` large enough that the
     estimated relative error of the end point is below :func:`rtol_for` its dtype, or at the
     end point's rounding where that is larger.
 
     The error of ``y_N`` is estimated from a run with ``M = ⌊N/2⌋`` steps (Richardson; RK4's
-    error goes as ``N⁻⁴``): ``e_N ≈ ||y_M − y_N|| / ((N/M)⁴ − 1)``, relative to the displacement
-    ``||y_N − x||`` over the trailing ``ndim`` dimensions. ``N`` is accepted where, for every
-    point of the batch, ``e_N`` is below half the tolerance (the estimate is asymptotic) or
-    the two runs differ by no more than their rounding, ``||y_M − y_N|| ≤ 4 √N ε ||y_N||``
-    (``ε`` the dtype's machine epsilon): a displacement that is small against the point, in
-    float32 say, cannot be resolved to ``rtol``, and more steps would only add rounding. Else
-    ``N`` grows by the factor ``(2 e_N / rtol)^{1/4}`` (with a margin) and the last run is the
-    new reference. The reference runs without gradient: the cost is ``1.5 N`` steps where the
+    error goes as ``N⁻⁴``): ``e_N ≈ ||y_M − y_N||_x / ((N/M)⁴ − 1)``, relative to the
+    displacement ``||y_N − x||_x``. ``norm(w)`` measures a displacement ``w`` per batch entry;
+    a manifold passes its metric norm at the start point ``x``, so that the estimate, and with
+    it every count, is the same at every point of an orbit of a group that acts linearly (``x``
+    and ``g · x`` take the same steps, and the end points are equivariant to rounding, not to
+    the integrator's error); the default is the Euclidean norm over the trailing ``ndim``
+    dimensions. ``N`` is accepted where, for every point of the batch, ``e_N`` is below half
+    the tolerance (the estimate is asymptotic) or the two runs differ by no more than their
+    rounding, ``||y_M − y_N|| ≤ 4 √N ε ||y_N||`` (Euclidean norms over the trailing ``ndim``
+    dimensions, the coordinates being what is rounded; ``ε`` the dtype's machine epsilon): a
+    displacement that is small against the point, in float32 say, cannot be resolved to
+    ``rtol``, and more steps would only add rounding. Where this floor decides differently at
+    two points of an orbit, both end points are within rounding of each other. Else ``N`` grows
+    by the factor ``(2 e_N / rtol)^{1/4}`` (with a margin) and the last run is the new
+    reference. The reference runs without gradient: the cost is ``1.5 N`` steps where the
     rule's count suffices. At :data:`MAX_STEPS` it warns and stops.
     """
     rtol, dims = rtol_for(x.dtype), tuple(range(-ndim, 0))
     eps = torch.finfo(x.dtype).eps
+
+    def euclidean(w: Tensor) -> Tensor:
+        return torch.linalg.vector_norm(w, dim=dims)
+
+    measure = euclidean if norm is None else norm
     n = min(max(n, 2), MAX_STEPS)
     m = n // 2
     with torch.no_grad():
@@ -92,10 +116,9 @@ def controlled(
         out = run(n)
         with torch.no_grad():
             y = out[0]
-            gap = torch.linalg.vector_norm(y - reference, dim=dims)
-            moved = torch.linalg.vector_norm(y - x, dim=dims)
+            gap, moved = measure(y - reference), measure(y - x)
             ratio = gap / ((n / m) ** 4 - 1) / (0.5 * rtol * moved)
-            rounding = gap <= 4 * math.sqrt(n) * eps * torch.linalg.vector_norm(y, dim=dims)
+            rounding = euclidean(y - reference) <= 4 * math.sqrt(n) * eps * euclidean(y)
             ratio = torch.where((moved > 0) & ~rounding, ratio, 0.0)
             worst = float(ratio.max()) if ratio.numel() else 0.0
         if worst <= 1.0:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from unittest import mock
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from quotientgeo import GLQuotient, RotaryGLQuotient
 from quotientgeo.linalg import mT
 from quotientgeo.manifolds import GLTotalSpace
+from quotientgeo.manifolds.gl import total as total_module
 from quotientgeo.manifolds.gl.inv import inv_geodesic
 from quotientgeo.manifolds.ode import controlled, rk4, rtol_for, steps_for
 from quotientgeo.testing.numerics import conditioned, gen, rel_err, tol
@@ -38,6 +40,13 @@ def integrated(m, x, u, t=1.0, steps=1000):
 def displacement_err(y, ref, x):
     """``||y - ref|| / ||ref - x||`` (max over the batch), float64."""
     return rel_err(y - x, ref - x)
+
+
+def metric_displacement_err(m, y, ref, x):
+    """``||y - ref||_x / ||ref - x||_x`` (max over the batch), float64: the relative error an
+    automatic step count states, in the metric at the start point."""
+    x, y, ref = x.double(), y.double(), ref.double()
+    return (m.norm(x, y - ref) / m.norm(x, ref - x)).max().item()
 
 
 # --------------------------------------------------------------------------- closed form
@@ -228,7 +237,66 @@ def test_default_integration_meets_its_stated_accuracy(case, metric, size, horiz
     except ValueError:  # the geodesic leaves GL before t = 1 (e.g. GL(1), both factors → 0)
         reject()
     y = m.expmap(x, u)
-    assert displacement_err(y, reference[0], x) <= rtol_for(torch.float64)
+    assert metric_displacement_err(m, y, reference[0], x) <= rtol_for(torch.float64)
+
+
+def _steps_taken(m, x, u):
+    """``m.expmap(x, u)`` and the step counts of its RK4 runs (the reference's first)."""
+    counts = []
+
+    def counting(acceleration, y, v, t, steps):
+        counts.append(steps)
+        return rk4(acceleration, y, v, t, steps)
+
+    with mock.patch.object(total_module, "rk4", counting):
+        return m.expmap(x, u), counts
+
+
+def _moved_copy_agrees(m, x, u, A):
+    """The step counts at ``x`` and at ``A · x`` are equal, and the end points equivariant to
+    the rounding bound of the GL maps (``50 ε K³``, ``K`` the acted factors' condition; see
+    ``tests/manifolds/test_gl.py``), measured in the acted metric on the displacements."""
+    xa = m.act(x, A)
+    y, counts = _steps_taken(m, x, u)
+    ya, counts_a = _steps_taken(m, xa, m.push(x, u, A))
+    assert counts_a == counts
+    expected, acted = m.act(y, A) - xa, ya - xa
+    K = max(torch.linalg.cond(F.double()).max().item() for F in m.split(xa))
+    gap = (m.norm(xa, acted - expected) / m.norm(xa, expected)).max().item()
+    assert gap <= tol(x.dtype, 50) * K**3
+
+
+def test_moved_copy_takes_the_same_steps_where_the_check_grows_the_count():
+    """The reported miss (mix, n = 3, m = 4, h = 2, seed 1, factor conditions 1 and 9, a group
+    element of condition 10): the rule gives 23 steps at both points, and the check grew the
+    moved copy's count to 28 but not the point's, since it measured the error in Euclidean
+    norms; the end points then differed by 5.6e-10 of the displacement. In the metric at the
+    start point both keep 23 steps."""
+    g = gen(1)
+    m = GLQuotient(3, "mix")
+    x = m.join(conditioned((), 3, 2, 1.0, g), conditioned((), 4, 2, 9.0, g))
+    u = torch.randn(x.shape, generator=g, dtype=torch.float64)
+    torch.randn(x.shape, generator=g, dtype=torch.float64)  # the case's second vector
+    A = conditioned((), 2, 2, 10.0, gen(1 + 7919))
+    _moved_copy_agrees(m, x, scaled(m, x, u, 0.3), A)
+
+
+@settings(max_examples=8)
+@given(
+    case=gl_cases(dtype=torch.float64, max_h=3, max_extra=3, factor_cond=10.0),
+    metric=st.sampled_from(["mix", 0.5]),
+    size=st.floats(0.05, 1.5),
+    log_kappa=st.floats(0.0, 2.0),
+)
+def test_moved_copy_takes_the_same_steps(case, metric, size, log_kappa):
+    """The rule's rate and the check's error estimate are metric norms at the start point, so a
+    point and its copy moved by ``A ∈ GL(h)`` (condition up to 100) take the same steps."""
+    m = case.manifold.with_metric(metric)
+    x = case.x
+    try:
+        _moved_copy_agrees(m, x, scaled(m, x, case.u, size), case.group(10.0**log_kappa))
+    except ValueError:  # the geodesic leaves GL before t = 1
+        reject()
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 400])
