@@ -90,7 +90,7 @@ def _curvlinops(model, batch):
     """curvlinops' ``HessianLinearOperator`` of the same language-modelling loss (the mean
     cross-entropy of the next token), or ``None`` where curvlinops is not importable."""
     try:
-        from curvlinops import HessianLinearOperator
+        from curvlinops import HessianLinearOperator  # pyright: ignore[reportMissingImports]
     except ImportError:
         return None
 
