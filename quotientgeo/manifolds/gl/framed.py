@@ -219,7 +219,7 @@ class FramedTotalSpace(GLTotalSpace):
         uF: tuple[Tensor, Tensor],
         uv: tuple[Tensor, Tensor],
     ) -> Products:
-        """The :class:`Products` of the geodesic's integration from the undamped Grams."""
+        """The ``Products`` of the geodesic's integration from the undamped Grams."""
         P, Q, Q_inv = self.damped(P0, Q0)
         return Products(P, Q, cholesky_inverse(cholesky(P, "GᵀG + δQ⁻¹")), Q_inv, uF, uF, uv)
 

@@ -247,7 +247,7 @@ class GLTotalSpace(TotalSpace):
         uF: tuple[Tensor, Tensor],
         uv: tuple[Tensor, Tensor],
     ) -> Products:
-        """The :class:`Products` of ``Γ(u, u)`` from the Grams ``P₀ = GᵀG``, ``Q₀ = HᵀH`` of a
+        """The ``Products`` of ``Γ(u, u)`` from the Grams ``P₀ = GᵀG``, ``Q₀ = HᵀH`` of a
         point on the geodesic from ``p`` (relaxed as at ``p``) and ``uF``, ``uv``."""
         if self.relaxed:
             eye = torch.eye(P0.shape[-1], dtype=P0.dtype, device=P0.device)
