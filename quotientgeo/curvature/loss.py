@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..geometry import ParameterGeometry
+from ..sharpness.flatness import LossOf
 from ..sharpness.state import model_state_preserved
 
 Tensor = torch.Tensor
@@ -31,18 +31,6 @@ Tensor = torch.Tensor
 __all__ = ["BatchLoss"]
 
 RESTORED = "the model is restored"
-
-
-class _LossOf(nn.Module):
-    """``forward(batch) = loss_fn(model, batch)``: the module ``functional_call`` runs."""
-
-    def __init__(self, model: nn.Module, loss_fn: Callable):
-        super().__init__()
-        self.model = model
-        self.loss_fn = loss_fn
-
-    def forward(self, batch):
-        return self.loss_fn(self.model, batch)
 
 
 class BatchLoss:
@@ -58,7 +46,7 @@ class BatchLoss:
     def __init__(self, geometry: ParameterGeometry, loss_fn: Callable, batches: Sequence[Any]):
         self.geometry = geometry
         self.model = geometry.model
-        self.wrapper = _LossOf(self.model, loss_fn)
+        self.wrapper = LossOf(self.model, loss_fn)
         self.batches = batches
         #: Batch passes run so far (a product over ``k`` vectors counts one per batch).
         self.passes = 0

@@ -229,8 +229,9 @@ def _probes(w: Tensor) -> tuple[Tensor, Tensor]:
     return w, w
 
 
-class _LossOf(nn.Module):
-    """``forward(batch) = loss_fn(model, batch)``: the module given to ``functional_call``."""
+class LossOf(nn.Module):
+    """``forward(batch) = loss_fn(model, batch)``: the module given to ``functional_call`` (also
+    by :mod:`quotientgeo.curvature`)."""
 
     def __init__(self, model: nn.Module, loss_fn: Callable):
         super().__init__()
@@ -245,7 +246,7 @@ class _LayerHessian:
     """``κ`` of one batch by Hessian-vector products with respect to one weight matrix."""
 
     def __init__(self, model: nn.Module, loss_fn: Callable, name: str, weight, chunk_size: int):
-        self.wrapper = _LossOf(model, loss_fn)
+        self.wrapper = LossOf(model, loss_fn)
         self.name = name
         self.weight = weight
         self.key = f"model.{name}.weight" if name else "model.weight"
