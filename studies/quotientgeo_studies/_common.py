@@ -279,6 +279,8 @@ class Population:
 
     def __exit__(self, *exc) -> None:
         if self._created:
+            if exc[0] is None:  # ranks meet before the teardown: torch 2.6's gloo can hang in it
+                torch.distributed.barrier()
             torch.distributed.destroy_process_group()
 
     @property

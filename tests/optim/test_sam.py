@@ -243,6 +243,7 @@ def _rank(rank: int, world: int, init: str, out: str, average: bool) -> None:
         opt.step(lambda: cross_entropy(model, batch).backward())
         if rank == 0:
             torch.save({n: p.detach() for n, p in model.named_parameters()}, out)
+        torch.distributed.barrier()  # torch 2.6's gloo can hang in a teardown without it
     finally:
         torch.distributed.destroy_process_group()
 
