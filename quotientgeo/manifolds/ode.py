@@ -38,12 +38,16 @@ import torch
 
 Tensor = torch.Tensor
 
-__all__ = ["MAX_STEPS", "RTOL", "controlled", "rk4", "rtol_for", "steps_for"]
+__all__ = ["MAX_STEPS", "RTOL", "LeftManifold", "controlled", "rk4", "rtol_for", "steps_for"]
 
 RTOL = {torch.float64: 1e-8}
 DEFAULT_RTOL = 1e-5
 ERROR_CONSTANT = 16.0
 MAX_STEPS = 1024
+
+
+class LeftManifold(ValueError):
+    """An RK4 run left the manifold (a factor lost rank) before its end time."""
 
 
 def rtol_for(dtype: torch.dtype) -> float:
@@ -98,8 +102,11 @@ def controlled(
     ``rtol``, and more steps would only add rounding. Where this floor decides differently at
     two points of an orbit, both end points are within rounding of each other. Else ``N`` grows
     by the factor ``(2 e_N / rtol)^{1/4}`` (with a margin) and the last run is the new
-    reference. The reference runs without gradient: the cost is ``1.5 N`` steps where the
-    rule's count suffices. At :data:`MAX_STEPS` it warns and stops.
+    reference. A run that leaves the manifold (:class:`LeftManifold`) is the integrator's error
+    too (the exact geodesic may stay inside while a coarse RK4 path steps out near a singular
+    point): ``N`` doubles and the run is repeated. The reference runs without gradient: the
+    cost is ``1.5 N`` steps where the rule's count suffices. At :data:`MAX_STEPS` it warns with
+    the estimated error and stops, or re-raises where even that run leaves the manifold.
     """
     rtol, dims = rtol_for(x.dtype), tuple(range(-ndim, 0))
     eps = torch.finfo(x.dtype).eps
@@ -110,10 +117,23 @@ def controlled(
     measure = euclidean if norm is None else norm
     n = min(max(n, 2), MAX_STEPS)
     m = n // 2
-    with torch.no_grad():
-        reference = run(m)[0]
     while True:
-        out = run(n)
+        try:
+            with torch.no_grad():
+                reference = run(m)[0]
+            break
+        except LeftManifold:
+            if n >= MAX_STEPS:
+                raise
+            m, n = n, min(MAX_STEPS, 2 * n)
+    while True:
+        try:
+            out = run(n)
+        except LeftManifold:
+            if n >= MAX_STEPS:
+                raise
+            n = min(MAX_STEPS, 2 * n)
+            continue
         with torch.no_grad():
             y = out[0]
             gap, moved = measure(y - reference), measure(y - x)
@@ -148,7 +168,8 @@ def rk4(
     ``y`` and ``v`` are tuples of tensors (position and velocity, one entry per factor) and
     ``acceleration`` returns a tuple like ``v``; ``t`` is a number or a tensor that broadcasts
     against them (per-point end times). Returns ``(*y(t), *v(t))``. A ``ValueError`` raised by
-    ``acceleration`` (the path left the manifold) is re-raised with the step it happened in.
+    ``acceleration`` (the path left the manifold) is re-raised as :class:`LeftManifold` with the
+    step it happened in.
     """
     dt = t / steps
 
@@ -165,7 +186,7 @@ def rk4(
             v4 = shifted(v, a3, dt)
             a4 = acceleration(*shifted(y, v3, dt), *v4)
         except ValueError as err:
-            raise ValueError(
+            raise LeftManifold(
                 f"the geodesic left the manifold during RK4 step {step + 1}/{steps} (the "
                 "tangent vector is too long for this point, or the step count too low): "
                 "use a shorter vector or more steps"
