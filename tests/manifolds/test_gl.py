@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
-from hypothesis import given, settings
+from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
 from quotientgeo import GLQuotient
 from quotientgeo.linalg import gram, mT
 from quotientgeo.manifolds import InterpolatedGLQuotient
+from quotientgeo.manifolds.ode import LeftManifold, rtol_for
 from quotientgeo.testing.numerics import conditioned, eps_of, gen, rel_err, tol
 from quotientgeo.testing.oracles import (
     autodiff_christoffel,
@@ -356,20 +357,30 @@ def test_expmap2_float32_agrees_with_float64(case):
 @settings(max_examples=6)
 @given(case=gl_cases())
 def test_geodesic_velocity_stays_horizontal(case):
-    """The exact geodesic from a horizontal vector has horizontal velocity throughout.
+    """The exact geodesic from a horizontal vector has horizontal velocity, and constant speed,
+    throughout.
 
-    RK4 with 50 steps: the truncation error sits far below the bound (measured ≲ 1e-7).
+    The automatic step count holds the end point to ``rtol`` (``1e-8`` in float64, ``1e-5`` in
+    float32) of the displacement; the velocity follows to about 10 times that (measured 8.7e-8
+    in float64 on a mix path at factor condition 5, where 50 fixed steps missed by 2e-3), and
+    the horizontal projection at ``y`` rounds to ``50 ε K³`` (``K`` the factors' condition at
+    ``y``, the rounding bound of the GL maps; measured ≤ 6 ε K³ over 900 float32 paths). A path
+    that leaves GL (the mix metric is not complete) is not a case.
     """
     m, x = case.manifold, case.x
     u = scaled(m, x, m.proju(x, case.u), 0.5)
-    bound = 1e-6 if case.dtype == torch.float64 else tol(torch.float32, 1e3)
+    rtol = rtol_for(case.dtype)
     for t in (0.25, 0.5, 1.0):
-        y, w = m.geodesic(x, t * u, steps=50)
+        try:
+            y, w = m.geodesic(x, t * u)
+        except LeftManifold:
+            reject()
+        K = max(torch.linalg.cond(F.double()).max().item() for F in m.split(y))
+        rounding = tol(case.dtype, 50) * K**3
         gap = m.norm(y, w - m.proju(y, w)) / m.norm(y, w)
-        assert gap.max().item() <= bound
-        # the speed is constant along a geodesic
+        assert gap.max().item() <= rtol + rounding
         speed = m.norm(y, w) / m.norm(x, t * u)
-        assert (speed - 1).abs().max().item() <= bound
+        assert (speed - 1).abs().max().item() <= 100 * rtol + rounding
 
 
 @settings(max_examples=6)
