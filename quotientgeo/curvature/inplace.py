@@ -61,6 +61,8 @@ class InPlaceLoss:
         self.batches = batches
         self.names = list(geometry.params)
         self.params = [geometry.params[name] for name in self.names]
+        #: The coordinates' dtype (the geometry's compute dtype, read once).
+        self.dtype = geometry.compute_dtype
         #: Batch passes run so far (a forward and a backward pass each).
         self.passes = 0
 
@@ -128,7 +130,7 @@ class InPlaceLoss:
                 grads[name] = torch.zeros(p.shape, dtype=p.dtype, device=sh.local(p).device)
             else:
                 grads[name] = sh.full(sh.local(g), p)
-        return self.geometry.gather(grads)
+        return self.geometry.gather(grads, dtype=self.dtype)
 
     def _passes(self, advance: Callable[[], object], check: bool) -> float:
         """``loss_fn(model, S).backward()`` over the batches (gradients accumulate in
@@ -160,7 +162,7 @@ class InPlaceLoss:
         """The coordinates of the parameters as they are (whole, also where sharded): the
         base point, new tensors."""
         whole = {n: sh.full(sh.local(p), p) for n, p in zip(self.names, self.params, strict=True)}
-        return self.geometry.gather(whole)
+        return self.geometry.gather(whole, dtype=self.dtype)
 
     # ------------------------------------------------------------------ gradients
     def gradient(self, advance: Callable[[], object] = lambda: None) -> tuple[float, Coordinates]:

@@ -189,10 +189,11 @@ class RiemannianHessian(_SymmetricOperator):
         self._step = None if step is None else positive_real("step", step)
         self.geometry: ParameterGeometry = geometry_of(model, symmetries, metric, eps=eps)
         self.geometry_kind = geometry
-        if sh.sharded_parameters(self.geometry.params.values()):
+        if product == "double_backward" and sh.sharded_parameters(self.geometry.params.values()):
             raise ValueError(
-                "the Riemannian Hessian cannot measure a model sharded over ranks (FSDP2) yet: "
-                "measure a copy that one process holds whole"
+                "the double-backward product cannot measure a model sharded over ranks (FSDP2): "
+                "its torch.func.functional_call bypasses FSDP's hooks; pass "
+                "product='finite_difference', which moves the sharded parameters in place"
             )
         manifolds = self.geometry.manifolds()
         for i, m in enumerate(manifolds):

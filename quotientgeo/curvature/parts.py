@@ -147,6 +147,12 @@ class QuotientPart(Part):
         self.manifold = manifold
         self.point = manifold.at(x)
         self.gradient = gradient
+        # the point's h × h factors (Grams, their Cholesky factors and inverses), which the
+        # point caches, computed here once rather than by the first product
+        with torch.no_grad():
+            zero = torch.zeros_like(x)
+            self.tangent(zero)
+            manifold.christoffel(self.point, zero)
 
     def tangent(self, z: Tensor) -> Tensor:
         return self.manifold.proju(self.point, self.manifold.isotropic(self.point, z))
