@@ -67,25 +67,23 @@ class InPlaceLoss:
         self.passes = 0
 
     # ------------------------------------------------------------------ parameters
-    def _write(
-        self,
-        points: Sequence[Tensor],
-        w: Tensor,
-        rest: tuple[Any, Tensor, Tensor] | None = None,
-    ) -> None:
-        """Write the coordinates ``(points, w)`` into the parameters (their local parts) in
-        place; with ``rest = (part, z, s)`` the adaptive entries get ``w + s · T z`` instead of
-        ``w`` (``part.displaced_into_``: formed in the parameters themselves, no vector of
-        ``w``'s size besides). The symmetry blocks' parameters in one fused copy, the wholly
-        adaptive ones in a few fused operations, the partly covered ones entry by entry."""
+    def _write(self, w: Tensor, rest: tuple[Any, Tensor, Tensor] | None = None, xi=None) -> None:
+        """Write the base point into the parameters (their local parts) in place, or with
+        ``rest = (part, z, s)`` and ``xi`` (the symmetry blocks' ``ξ`` in parameter layout,
+        local parts) the point displaced by ``s ξ``: the symmetry blocks' parameters
+        ``x + s ξ`` and the adaptive entries ``w + s · T z`` (``part.displaced_into_``), each
+        formed in the parameters themselves in a few fused operations, no vector of the
+        model's size besides; the partly covered parameters entry by entry."""
         geometry, plan = self.geometry, self.geometry.plan
         params = geometry.params
         with torch.no_grad():
-            values = geometry.scatter(points, None)
-            targets = [sh.local(params[n]) for n in values]
-            sources = [sh.local_part(v, params[n]) for n, v in values.items()]
-            if targets:
-                torch._foreach_copy_(targets, sources)  # pyright: ignore[reportPrivateImportUsage]
+            targets = [sh.local(params[n]) for n in self._symmetric]
+            if targets and rest is None:
+                torch._foreach_copy_(targets, self._symmetric_base)  # pyright: ignore[reportPrivateImportUsage]
+            elif targets:
+                torch._foreach_copy_(targets, xi)  # pyright: ignore[reportPrivateImportUsage]
+                torch._foreach_mul_(targets, rest[2])  # pyright: ignore[reportPrivateImportUsage]
+                torch._foreach_add_(targets, self._symmetric_base)  # pyright: ignore[reportPrivateImportUsage]
             sizes = list(plan.adaptive_sizes)
             if not sizes:
                 return
@@ -162,7 +160,17 @@ class InPlaceLoss:
         """The coordinates of the parameters as they are (whole, also where sharded): the
         base point, new tensors."""
         whole = {n: sh.full(sh.local(p), p) for n, p in zip(self.names, self.params, strict=True)}
-        return self.geometry.gather(whole, dtype=self.dtype)
+        points, w = self.geometry.gather(whole, dtype=self.dtype)
+        # the symmetry blocks' parameters as they are (local parts): the restoring copy
+        self._symmetric = self._local_symmetric(points)
+        self._symmetric_base = [t.clone() for t in self._symmetric.values()]
+        return points, w
+
+    def _local_symmetric(self, points: Sequence[Tensor]) -> dict[str, Tensor]:
+        """The symmetry blocks' parameters (local parts) scattered from ``points``."""
+        params = self.geometry.params
+        values = self.geometry.scatter(points, None)
+        return {n: sh.local_part(v, params[n]) for n, v in values.items()}
 
     # ------------------------------------------------------------------ gradients
     def gradient(self, advance: Callable[[], object] = lambda: None) -> tuple[float, Coordinates]:
@@ -177,35 +185,37 @@ class InPlaceLoss:
 
     def difference(
         self,
-        base: Coordinates,
-        displaced: Callable[[float], list[Tensor]],
+        w: Tensor,
+        xi: Sequence[Tensor],
         rest: tuple[Any, Tensor],
         t: Tensor,
         advance: Callable[[], object] = lambda: None,
     ) -> Coordinates:
-        """``(∇f(x + tξ) - ∇f(x - tξ)) / (2t)`` in coordinates, ``x = base``: ``displaced(s)``
-        gives the points ``x + s t ξ`` of the symmetry blocks (``s = ±1``), ``rest = (part, z)``
-        the adaptive rest's part and whitened vector (``ξ_w = T z``, formed in the parameters,
-        :meth:`_write`); ``t`` a scalar tensor, never read on the host. ``x`` is written back
-        at the end."""
+        """``(∇f(x + tξ) - ∇f(x - tξ)) / (2t)`` in coordinates, at the base point of
+        :meth:`base` (``w`` its adaptive vector): ``xi`` the symmetry blocks' points of ``ξ``,
+        ``rest = (part, z)`` the adaptive rest's part and whitened vector (``ξ_w = T z``,
+        formed in the parameters, :meth:`_write`); ``t`` a scalar tensor, never read on the
+        host. The base point is written back at the end."""
+        with torch.no_grad():
+            xi_params = list(self._local_symmetric(xi).values())
         with model_state_preserved(self.model), torch.enable_grad():
             try:
                 plus: list[Tensor | None] = []
                 for sign in (1.0, -1.0):
-                    self._write(displaced(sign), base[1], (rest[0], rest[1], t * sign))
+                    self._write(w, (rest[0], rest[1], t * sign), xi_params)
                     self._passes(advance, check=False)
                     if sign > 0:  # ∇f(x + tξ) set aside: the passes at x - tξ start afresh
                         plus = [p.grad for p in self.params]
                         for p in self.params:
                             p.grad = None
                 _subtract_grads(self.params, plus)
-                points, w = self._gathered_grads()
+                hv_points, hv_w = self._gathered_grads()
             finally:
-                self._write(*base)
+                self._write(w)
         # ∇f(x + tξ) - ∇f(x - tξ) summed over the batches, to their mean's difference
         scale = 0.5 / (t * len(self.batches))
-        torch._foreach_mul_([*points, w], scale)  # pyright: ignore[reportPrivateImportUsage]
-        return points, w
+        torch._foreach_mul_([*hv_points, hv_w], scale)  # pyright: ignore[reportPrivateImportUsage]
+        return hv_points, hv_w
 
 
 def _subtract_grads(params: list[Tensor], plus: list[Tensor | None]) -> None:

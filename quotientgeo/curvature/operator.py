@@ -244,7 +244,8 @@ class RiemannianHessian(_SymmetricOperator):
         self.dtype = w.dtype
         self.device = w.device
         self.products = 0
-        self._scale: float | None = None
+        #: ‖x‖_∞, read once (the finite difference's step).
+        self._scale = float(_max_abs([*points, w])) if product == "finite_difference" else 0.0
 
     # ------------------------------------------------------------------ coordinates
     @functools.cached_property
@@ -321,9 +322,6 @@ class RiemannianHessian(_SymmetricOperator):
         symmetry blocks'), ``None`` where a part forms ``x ± tξ`` from ``z`` itself (the
         element-wise ones, so that no vector of the adaptive rest's size is held). The step
         stays on the device: ``t = step (1 + ‖x‖_∞) / ‖ξ‖_∞`` (``ξ = 0`` gives ``0``)."""
-        coords = [*self._points, self._w]
-        if self._scale is None:  # ‖x‖_∞, read once
-            self._scale = float(_max_abs(coords))
         size = _max_abs(
             [
                 p.tangent_into(zp, torch.empty_like(zp)) if v is None else v
@@ -334,20 +332,15 @@ class RiemannianHessian(_SymmetricOperator):
         tiny = torch.finfo(self.dtype).tiny
         t = (step * (1 + self._scale)) / size.clamp_min(tiny)
 
-        def displaced(sign: float) -> list[Tensor]:
-            s = t * sign
-            return [
-                p.displaced(c, zp, s) if v is None else torch.addcmul(c, v, s)
-                for p, c, zp, v in zip(self.parts[:-1], self._points, z, xi, strict=False)
-            ]
-
         assert isinstance(self._loss, InPlaceLoss)
         rest = self.parts[-1], z[-1] if xi[-1] is None else xi[-1]
         if xi[-1] is not None:  # ξ_w given (apply): displaced along it in the flat geometry
             rest = FlatPart(), xi[-1]
-        points, w = self._loss.difference(
-            (self._points, self._w), displaced, rest, t, self._advance
-        )
+        points_xi = [
+            p.tangent(zp) if v is None else v
+            for p, zp, v in zip(self.parts[:-1], z, xi, strict=False)
+        ]
+        points, w = self._loss.difference(self._w, points_xi, rest, t, self._advance)
         return [*points, w]
 
     def _covectors(self, xis: list[list[Tensor]]) -> list[list[Tensor]]:
@@ -436,8 +429,11 @@ class RiemannianHessian(_SymmetricOperator):
 
 def _max_abs(tensors: list[Tensor]) -> Tensor:
     """``max |t|`` over all entries of ``tensors`` (``0`` where there are none), unread."""
-    norms = [torch.linalg.vector_norm(t, ord=float("inf")) for t in tensors if t.numel()]
-    return torch.stack(norms).max() if norms else torch.zeros(())
+    tensors = [t for t in tensors if t.numel()]
+    if not tensors:
+        return torch.zeros(())
+    norms = torch._foreach_norm(tensors, ord=float("inf"))  # pyright: ignore[reportPrivateImportUsage]
+    return norms[0] if len(norms) == 1 else torch.stack(norms).max()
 
 
 class BlockOperator(_SymmetricOperator):
