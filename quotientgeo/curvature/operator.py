@@ -127,9 +127,11 @@ class RiemannianHessian(_SymmetricOperator):
     :meth:`to_parameters` names a vector's entries by parameter.
 
     Args:
-        model: the network; read only (every product runs in eval mode through
-            ``torch.func.functional_call`` at the weights read at construction; modes,
-            buffers and ``.grad`` are restored after each).
+        model: the network; read only. Double backward runs every product in eval mode
+            through ``torch.func.functional_call`` at the weights read at construction; the
+            finite difference moves the model's own parameters in place
+            (:mod:`quotientgeo.curvature.inplace`) and writes them back bit-exactly. Modes,
+            buffers and ``.grad`` are restored after each product, also on errors.
         loss_fn: ``loss_fn(model, batch) -> scalar tensor``, as for
             :func:`~quotientgeo.geodesic_sharpness`.
         batches: an iterable of batches, read once and kept: ``f`` is the mean of
@@ -149,8 +151,10 @@ class RiemannianHessian(_SymmetricOperator):
         product: how ``∇²f ξ`` is computed: ``"double_backward"`` (default: exact, one
             forward and two backward passes per batch through the gradient's graph) or
             ``"finite_difference"``: ``(∇f(x + tξ) - ∇f(x - tξ)) / (2t)``, two ordinary
-            gradients per batch (no graph of the gradient is kept: what a sharded or very
-            large model affords), error ``O(t²)``; in float32 or wider.
+            gradients per batch of the model moved in place (no graph of the gradient is kept,
+            no second derivative taken: what a sharded or very large model affords; a model
+            sharded with FSDP2's ``fully_shard`` is measured as it is, every rank passing the
+            same batches), error ``O(t²)``; in float32 or wider.
         step: the finite difference's relative step: ``t = step · (1 + ‖x‖_∞) / ‖ξ‖_∞``
             (``None``: ``ε^{1/3}`` of the dtype, which balances the ``O(t²)`` error against
             rounding ``O(ε/t)``).
