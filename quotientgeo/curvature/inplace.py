@@ -162,8 +162,12 @@ class InPlaceLoss:
         whole = {n: sh.full(sh.local(p), p) for n, p in zip(self.names, self.params, strict=True)}
         points, w = self.geometry.gather(whole, dtype=self.dtype)
         # the symmetry blocks' parameters as they are (local parts): the restoring copy
-        self._symmetric = self._local_symmetric(points)
-        self._symmetric_base = [t.clone() for t in self._symmetric.values()]
+        symmetric = self._local_symmetric(points)
+        self._symmetric = list(symmetric)
+        self._symmetric_base = [
+            t.clone() if _shares_memory(t, points) else t for t in symmetric.values()
+        ]
+        del symmetric
         return points, w
 
     def _local_symmetric(self, points: Sequence[Tensor]) -> dict[str, Tensor]:
@@ -216,6 +220,12 @@ class InPlaceLoss:
         scale = 0.5 / (t * len(self.batches))
         torch._foreach_mul_([*hv_points, hv_w], scale)  # pyright: ignore[reportPrivateImportUsage]
         return hv_points, hv_w
+
+
+def _shares_memory(t: Tensor, tensors: Sequence[Tensor]) -> bool:
+    """Whether ``t`` is a view of one of ``tensors`` (or shares its storage)."""
+    ptr = t.untyped_storage().data_ptr()
+    return any(ptr == u.untyped_storage().data_ptr() for u in tensors)
 
 
 def _subtract_grads(params: list[Tensor], plus: list[Tensor | None]) -> None:
