@@ -207,6 +207,8 @@ class InPlaceLoss:
                 plus: list[Tensor | None] = []
                 for sign in (1.0, -1.0):
                     self._write(w, (rest[0], rest[1], t * sign), xi_params)
+                    if sign < 0:  # not held through the second backward pass (the peak)
+                        xi_params.clear()
                     self._passes(advance, check=False)
                     if sign > 0:  # ∇f(x + tξ) set aside: the passes at x - tξ start afresh
                         plus = [p.grad for p in self.params]
