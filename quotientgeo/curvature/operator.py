@@ -53,6 +53,7 @@ from ..manifolds.gl.damping import waiting
 from ..sharpness.checks import check_batches, check_loss_fn, check_model
 from ..validation import positive_real
 from .groups import Group, groups_of
+from .inplace import InPlaceLoss
 from .loss import BatchLoss
 from .parts import FlatPart, FrozenPart, Part, QuotientPart
 
@@ -126,9 +127,11 @@ class RiemannianHessian(_SymmetricOperator):
     :meth:`to_parameters` names a vector's entries by parameter.
 
     Args:
-        model: the network; read only (every product runs in eval mode through
-            ``torch.func.functional_call`` at the weights read at construction; modes,
-            buffers and ``.grad`` are restored after each).
+        model: the network; read only. Double backward runs every product in eval mode
+            through ``torch.func.functional_call`` at the weights read at construction; the
+            finite difference moves the model's own parameters in place
+            (:mod:`quotientgeo.curvature.inplace`) and writes them back bit-exactly. Modes,
+            buffers and ``.grad`` are restored after each product, also on errors.
         loss_fn: ``loss_fn(model, batch) -> scalar tensor``, as for
             :func:`~quotientgeo.geodesic_sharpness`.
         batches: an iterable of batches, read once and kept: ``f`` is the mean of
@@ -148,8 +151,10 @@ class RiemannianHessian(_SymmetricOperator):
         product: how ``∇²f ξ`` is computed: ``"double_backward"`` (default: exact, one
             forward and two backward passes per batch through the gradient's graph) or
             ``"finite_difference"``: ``(∇f(x + tξ) - ∇f(x - tξ)) / (2t)``, two ordinary
-            gradients per batch (no graph of the gradient is kept: what a sharded or very
-            large model affords), error ``O(t²)``; in float32 or wider.
+            gradients per batch of the model moved in place (no graph of the gradient is kept,
+            no second derivative taken: what a sharded or very large model affords; a model
+            sharded with FSDP2's ``fully_shard`` is measured as it is, every rank passing the
+            same batches), error ``O(t²)``; in float32 or wider.
         step: the finite difference's relative step: ``t = step · (1 + ‖x‖_∞) / ‖ξ‖_∞``
             (``None``: ``ε^{1/3}`` of the dtype, which balances the ``O(t²)`` error against
             rounding ``O(ε/t)``).
@@ -188,10 +193,11 @@ class RiemannianHessian(_SymmetricOperator):
         self._step = None if step is None else positive_real("step", step)
         self.geometry: ParameterGeometry = geometry_of(model, symmetries, metric, eps=eps)
         self.geometry_kind = geometry
-        if sh.sharded_parameters(self.geometry.params.values()):
+        if product == "double_backward" and sh.sharded_parameters(self.geometry.params.values()):
             raise ValueError(
-                "the Riemannian Hessian cannot measure a model sharded over ranks (FSDP2) yet: "
-                "measure a copy that one process holds whole"
+                "the double-backward product cannot measure a model sharded over ranks (FSDP2): "
+                "its torch.func.functional_call bypasses FSDP's hooks; pass "
+                "product='finite_difference', which moves the sharded parameters in place"
             )
         manifolds = self.geometry.manifolds()
         for i, m in enumerate(manifolds):
@@ -206,23 +212,35 @@ class RiemannianHessian(_SymmetricOperator):
         self.batches = list(batches)
         if not self.batches:
             raise ValueError("batches is empty: nothing to measure the Hessian on")
-        points, w = self.geometry.gather()
-        self._points, self._w = points, w
-        self._loss = BatchLoss(self.geometry, loss_fn, self.batches)
         self._advance: Callable[[], object] = lambda: None
-        self.loss, gradient = self._loss.gradient(points, w)
-        self._gradient = gradient
+        self._loss: BatchLoss | InPlaceLoss
+        if product == "finite_difference":
+            self._loss = InPlaceLoss(self.geometry, loss_fn, self.batches)
+            points, w = self._loss.base()
+            self.loss, (gradient, rest) = self._loss.gradient()
+            # ∇f of the adaptive rest is not kept (its size is that of w): the parts need only
+            # the symmetry blocks' (the connection term); ``gradient`` takes it again
+            del rest
+            self._gradient: list[Tensor] | None = None
+        else:
+            points, w = self.geometry.gather()
+            self._loss = BatchLoss(self.geometry, loss_fn, self.batches)
+            self.loss, full = self._loss.gradient(points, w)
+            self._gradient = full
+            gradient = full[:-1]
+        self._points, self._w = points, w
         if geometry == "euclidean":
             self.parts: list[Part] = [FlatPart() for _ in (*points, w)]
         else:
-            rest = self.geometry.rest_manifold()
-            if not isinstance(rest, AdaptiveGeometry):
-                raise TypeError(f"the adaptive rest must be an AdaptiveGeometry, got {rest!r}")
+            rest_manifold = self.geometry.rest_manifold()
+            if not isinstance(rest_manifold, AdaptiveGeometry):
+                raise TypeError(
+                    f"the adaptive rest must be an AdaptiveGeometry, got {rest_manifold!r}"
+                )
             self.parts = [
-                QuotientPart(x, m, g)
-                for x, m, g in zip(points, manifolds, gradient[:-1], strict=True)
+                QuotientPart(x, m, g) for x, m, g in zip(points, manifolds, gradient, strict=True)
             ]
-            self.parts.append(FrozenPart(w, rest))
+            self.parts.append(FrozenPart(w, rest_manifold))
         self._sizes = [t.numel() for t in (*points, w)]
         self._shapes = [t.shape for t in (*points, w)]
         n = sum(self._sizes)
@@ -230,7 +248,8 @@ class RiemannianHessian(_SymmetricOperator):
         self.dtype = w.dtype
         self.device = w.device
         self.products = 0
-        self._scale: float | None = None
+        #: ‖x‖_∞, read once (the finite difference's step).
+        self._scale = float(_max_abs([*points, w])) if product == "finite_difference" else 0.0
 
     # ------------------------------------------------------------------ coordinates
     @functools.cached_property
@@ -253,7 +272,12 @@ class RiemannianHessian(_SymmetricOperator):
 
     @property
     def gradient(self) -> Tensor:
-        """``∇f`` at the weights, flat (Euclidean coordinates)."""
+        """``∇f`` at the weights, flat (Euclidean coordinates). The finite-difference operator
+        keeps only the symmetry blocks' part of it: it takes the gradient again (one pass per
+        batch) when this is read."""
+        if self._gradient is None:
+            _, (points, w) = self._loss.gradient(advance=self._advance)
+            return self._join([*points, w])
         return self._join(self._gradient)
 
     def _split(self, v: Tensor) -> list[Tensor]:
@@ -296,44 +320,46 @@ class RiemannianHessian(_SymmetricOperator):
         return BlockOperator(self, group)
 
     # ------------------------------------------------------------------ products
-    def _difference(self, xi: list[Tensor]) -> list[Tensor]:
-        """``(∇f(x + tξ) - ∇f(x - tξ)) / (2t) = ∇²f ξ + O(t²)`` (central difference)."""
-        coords = [*self._points, self._w]
-        size = float(_max_abs(xi))  # one host read
-        if size == 0:
-            return [torch.zeros_like(v) for v in xi]
-        if self._scale is None:  # ‖x‖_∞, read once
-            self._scale = float(_max_abs(coords))
+    def _difference(self, z: list[Tensor], xi: list[Tensor | None]) -> list[Tensor]:
+        """``(∇f(x + tξ) - ∇f(x - tξ)) / (2t) = ∇²f ξ + O(t²)`` (central difference) for the
+        tangent vector ``ξ`` of whitened ``z``; ``xi`` holds its parts that are formed (the
+        symmetry blocks'), ``None`` where a part forms ``x ± tξ`` from ``z`` itself (the
+        element-wise ones, so that no vector of the adaptive rest's size is held). The step
+        stays on the device: ``t = step (1 + ‖x‖_∞) / ‖ξ‖_∞`` (``ξ = 0`` gives ``0``)."""
+        size = _max_abs(
+            [
+                p.tangent_into(zp, torch.empty_like(zp)) if v is None else v
+                for p, zp, v in zip(self.parts, z, xi, strict=True)
+            ]
+        ).to(self.dtype)
         step = self._step if self._step is not None else torch.finfo(self.dtype).eps ** (1 / 3)
-        t = step * (1 + self._scale) / size
-        # one moved point and one gradient besides the difference at a time: the second
-        # gradient is subtracted in place and each is freed once read
-        difference: list[Tensor] = []
-        for sign in (1, -1):
-            moved = [torch.add(c, v, alpha=sign * t) for c, v in zip(coords, xi, strict=True)]
-            grads = self._loss.gradient(moved[:-1], moved[-1], advance=self._advance)[1]
-            del moved
-            if not difference:
-                difference = grads
-            else:
-                torch._foreach_sub_(difference, grads)  # pyright: ignore[reportPrivateImportUsage]
-            del grads
-        torch._foreach_div_(difference, 2 * t)  # pyright: ignore[reportPrivateImportUsage]
-        return difference
+        tiny = torch.finfo(self.dtype).tiny
+        t = (step * (1 + self._scale)) / size.clamp_min(tiny)
+
+        assert isinstance(self._loss, InPlaceLoss)
+        rest = self.parts[-1], z[-1] if xi[-1] is None else xi[-1]
+        if xi[-1] is not None:  # ξ_w given (apply): displaced along it in the flat geometry
+            rest = FlatPart(), xi[-1]
+        points_xi = [
+            p.tangent(zp) if v is None else v
+            for p, zp, v in zip(self.parts[:-1], z, xi, strict=False)
+        ]
+        points, w = self._loss.difference(self._w, points_xi, rest, t, self._advance)
+        return [*points, w]
 
     def _covectors(self, xis: list[list[Tensor]]) -> list[list[Tensor]]:
         """``(∇²f - c)(ξ)`` of tangent vectors ``ξ`` (lists of parts)."""
-        if self.product == "finite_difference":
-            hv = [self._difference(xi) for xi in xis]
-        else:
-            hv = self._loss.hvp(self._points, self._w, xis, advance=self._advance)
+        assert isinstance(self._loss, BatchLoss)
+        hv = self._loss.hvp(self._points, self._w, xis, advance=self._advance)
+        return [self._connected(h, xi) for h, xi in zip(hv, xis, strict=True)]
+
+    def _connected(self, hv: list[Tensor], xi: list[Tensor]) -> list[Tensor]:
+        """``∇²f ξ - c(ξ)`` from ``hv = ∇²f ξ`` (``c`` subtracted in place where it is not
+        zero)."""
         out = []
-        for h, xi in zip(hv, xis, strict=True):
-            row = []
-            for part, hp, xp in zip(self.parts, h, xi, strict=True):
-                c = part.connection(xp)
-                row.append(hp if c is None else hp - c)
-            out.append(row)
+        for part, hp, xp in zip(self.parts, hv, xi, strict=True):
+            c = None if xp is None else part.connection(xp)
+            out.append(hp if c is None else hp.sub_(c))
         return out
 
     def apply(self, xi: Tensor) -> Tensor:
@@ -341,11 +367,20 @@ class RiemannianHessian(_SymmetricOperator):
         Riemannian Hessian itself, self-adjoint in :meth:`inner`."""
         xi = self._vector(xi, "xi")
         parts = [p.project(t) for p, t in zip(self.parts, self._split(xi), strict=True)]
-        (covector,) = self._covectors([parts])
+        if self.product == "finite_difference":  # the tangent ξ itself: whitened by T = I
+            covector = self._connected(self._difference(parts, list(parts)), parts)
+        else:
+            (covector,) = self._covectors([parts])
         self.products += 1
         return self._join([p.riemannian(c) for p, c in zip(self.parts, covector, strict=True)])
 
     def _matmat(self, Z: Tensor) -> Tensor:
+        if self.product == "finite_difference":
+            out = [self._finite_difference_column(col) for col in Z.unbind(1)]
+            self.products += len(out)
+            if not out:
+                return Z.clone()
+            return out[0].unsqueeze(1) if len(out) == 1 else torch.stack(out, dim=1)
         columns = Z.unbind(1)
         with torch.enable_grad():
             zs = [[t.detach().requires_grad_(True) for t in self._split(col)] for col in columns]
@@ -362,6 +397,32 @@ class RiemannianHessian(_SymmetricOperator):
         self.products += len(columns)
         return torch.stack(out, dim=1) if out else Z.clone()
 
+    def _finite_difference_column(self, z: Tensor) -> Tensor:
+        """``A z`` by the central difference (:meth:`_difference`): the symmetry blocks'
+        tangent ``P^h T z`` formed with its graph (its adjoint is its vector-Jacobian product),
+        the element-wise parts' ``T`` applied where needed, each into the tensor it fills."""
+        zs = self._split(z)
+        leaves: list[Tensor] = []
+        xis: list[Tensor | None] = []
+        with torch.enable_grad():
+            for part, t in zip(self.parts, zs, strict=True):
+                leaf = t if part.symmetric else t.detach().requires_grad_(True)
+                leaves.append(leaf)
+                xis.append(None if part.symmetric else part.tangent(leaf))
+        formed = [None if v is None else v.detach() for v in xis]
+        covector = self._connected(self._difference(zs, formed), formed)
+        del formed
+        out = torch.empty_like(z)
+        for part, leaf, xi, c, o in zip(
+            self.parts, leaves, xis, covector, self._split(out), strict=True
+        ):
+            if xi is None:
+                part.tangent_into(c, o)
+            else:
+                (back,) = torch.autograd.grad(xi, leaf, c)
+                o.copy_(back)
+        return out
+
     def __repr__(self) -> str:
         model = type(self.geometry.model).__name__
         return (
@@ -372,8 +433,11 @@ class RiemannianHessian(_SymmetricOperator):
 
 def _max_abs(tensors: list[Tensor]) -> Tensor:
     """``max |t|`` over all entries of ``tensors`` (``0`` where there are none), unread."""
-    norms = [torch.linalg.vector_norm(t, ord=float("inf")) for t in tensors if t.numel()]
-    return torch.stack(norms).max() if norms else torch.zeros(())
+    tensors = [t for t in tensors if t.numel()]
+    if not tensors:
+        return torch.zeros(())
+    norms = torch._foreach_norm(tensors, ord=float("inf"))  # pyright: ignore[reportPrivateImportUsage]
+    return norms[0] if len(norms) == 1 else torch.stack(norms).max()
 
 
 class BlockOperator(_SymmetricOperator):

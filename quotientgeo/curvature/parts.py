@@ -33,8 +33,31 @@ __all__ = ["FlatPart", "FrozenPart", "Part", "QuotientPart"]
 class Part:
     """The Euclidean default of every method (``G = I``, ``Γ = 0``, no projection)."""
 
+    #: Whether ``tangent`` is a symmetric (diagonal) map, its own Euclidean adjoint: then
+    #: ``Tᵀ (P^h)ᵀ c = tangent(c)``, no vector-Jacobian product needed.
+    symmetric = True
+
     def tangent(self, z: Tensor) -> Tensor:
         return z
+
+    def tangent_into(self, z: Tensor, out: Tensor) -> Tensor:
+        """``tangent(z)`` written into ``out`` (of ``z``'s shape)."""
+        return out.copy_(self.tangent(z))
+
+    def displaced(self, x: Tensor, z: Tensor, s: Tensor) -> Tensor:
+        """``x + s · tangent(z)``, a new tensor (``s`` a scalar tensor); for an element-wise
+        ``tangent``, ``x`` and ``z`` may be matching slices of the part's point and vector."""
+        return torch.addcmul(x, self.tangent(z), s)
+
+    def displaced_into_(
+        self, out: list[Tensor], x: list[Tensor], z: list[Tensor], s: Tensor
+    ) -> None:
+        """``out[i] = x[i] + s · tangent(z[i])`` in place, for an element-wise ``tangent``
+        (``x[i]``, ``z[i]`` matching slices of the point and the vector): fused operations
+        over the list, no temporary."""
+        torch._foreach_copy_(out, z)  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_mul_(out, s)  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_add_(out, x)  # pyright: ignore[reportPrivateImportUsage]
 
     def project(self, xi: Tensor) -> Tensor:
         """The horizontal part of ``ξ`` (``P^h ξ``)."""
@@ -62,14 +85,48 @@ class FlatPart(Part):
 
 
 class FrozenPart(Part):
-    """The adaptive rest: metric ``diag(1/ŵ²)`` at the base point, straight lines."""
+    """The adaptive rest: metric ``diag(1/ŵ²)`` at the base point, straight lines.
+
+    ``ŵ = max(|w|, floor)`` is not kept (it is the size of ``w``): each method forms it anew.
+    :meth:`tangent_into` and :meth:`displaced` form ``T z = ŵ ⊙ z`` in the tensor they return,
+    with no other temporary (for :class:`~quotientgeo.AdaptiveGeometry` itself; a subclass
+    that redefines the scale goes through its methods)."""
 
     def __init__(self, w: Tensor, manifold: AdaptiveGeometry):
         self.manifold = manifold
-        self.point = manifold.at(w)
+        self.w = w
+        self._fused = type(manifold).scale is AdaptiveGeometry.scale
+
+    @property
+    def point(self):
+        return self.manifold.at(self.w)
 
     def tangent(self, z: Tensor) -> Tensor:
         return self.manifold.isotropic(self.point, z)
+
+    def tangent_into(self, z: Tensor, out: Tensor) -> Tensor:
+        if not self._fused:
+            return super().tangent_into(z, out)
+        return torch.abs(self.w, out=out).clamp_min_(self.manifold.floor).mul_(z)
+
+    def displaced(self, x: Tensor, z: Tensor, s: Tensor) -> Tensor:
+        if not self._fused:
+            return torch.addcmul(x, self.manifold.isotropic(self.manifold.at(x), z), s)
+        return x.abs().clamp_min_(self.manifold.floor).mul_(z).mul_(s).add_(x)
+
+    def displaced_into_(
+        self, out: list[Tensor], x: list[Tensor], z: list[Tensor], s: Tensor
+    ) -> None:
+        if not self._fused:
+            torch._foreach_copy_(out, [self.displaced(a, b, s) for a, b in zip(x, z, strict=True)])  # pyright: ignore[reportPrivateImportUsage]
+            return
+        # out = max(|x|, floor) ⊙ z · s + x
+        torch._foreach_copy_(out, x)  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_abs_(out)  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_clamp_min_(out, self.manifold.floor)  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_mul_(out, z)  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_mul_(out, s)  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_add_(out, x)  # pyright: ignore[reportPrivateImportUsage]
 
     def riemannian(self, c: Tensor) -> Tensor:
         return self.manifold.metric_inv(self.point, c)
@@ -84,10 +141,18 @@ class FrozenPart(Part):
 class QuotientPart(Part):
     """A kind of symmetry blocks at its points ``x``, with the loss gradient ``∇f`` there."""
 
+    symmetric = False
+
     def __init__(self, x: Tensor, manifold: QuotientManifold, gradient: Tensor):
         self.manifold = manifold
         self.point = manifold.at(x)
         self.gradient = gradient
+        # the point's h × h factors (Grams, their Cholesky factors and inverses), which the
+        # point caches, computed here once rather than by the first product
+        with torch.no_grad():
+            zero = torch.zeros_like(x)
+            self.tangent(zero)
+            manifold.christoffel(self.point, zero)
 
     def tangent(self, z: Tensor) -> Tensor:
         return self.manifold.proju(self.point, self.manifold.isotropic(self.point, z))

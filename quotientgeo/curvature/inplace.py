@@ -1,0 +1,251 @@
+r"""The batch-averaged loss's gradient at displaced weights, by moving the model's own
+parameters in place: what the finite-difference Hessian-vector product runs on.
+
+The coordinates are those of :mod:`quotientgeo.curvature.loss` (the geometry's points, one
+``(heads, Σk, h)`` tensor per kind, and the flat adaptive vector ``w``). To take
+``∇f(x + sξ)``, the displaced coordinates are scattered into the model's parameters in place
+(one fused copy), ``loss_fn(model, batch).backward()`` runs as in training (the model's own
+modules and hooks, FSDP2's included, and its fastest attention kernels: no second derivative
+is taken), and the parameters' ``.grad`` is gathered back into coordinates. The central
+difference
+
+    ``(∇f(x + tξ) - ∇f(x - tξ)) / (2t)``
+
+is accumulated in the ``.grad`` tensors themselves: after the ``+tξ`` passes they are negated
+and the ``-tξ`` passes add to them, so no gradient is held besides the one autograd writes. The
+base point ``x`` (the coordinates the operator keeps) is written back after every product,
+bit-exactly (the coordinates are the parameters' values in a dtype at least as wide), also on
+an exception; modes, buffers and ``.grad`` are restored as by the sharpness measures.
+
+On a model sharded with FSDP2 every rank holds the whole coordinates: the gradient's local
+parts are all-gathered into them and each rank writes its local part of the displaced
+parameters (:mod:`quotientgeo.geometry.shards`); every rank must pass the same batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..geometry import ParameterGeometry
+from ..geometry import shards as sh
+from ..sharpness.state import model_state_preserved
+
+Tensor = torch.Tensor
+
+__all__ = ["InPlaceLoss"]
+
+RESTORED = "the model is restored"
+
+#: ``(points, w)``: coordinates.
+Coordinates = tuple[list[Tensor], Tensor]
+
+
+class InPlaceLoss:
+    """``f = mean_S loss_fn(model, S)`` and its gradients at displaced coordinates, the model's
+    parameters moved in place (module docstring).
+
+    Args:
+        geometry: the model's parameter geometry.
+        loss_fn: ``loss_fn(model, batch) -> scalar tensor``.
+        batches: the batches, a list (every gradient runs over all of them).
+    """
+
+    def __init__(self, geometry: ParameterGeometry, loss_fn: Callable, batches: Sequence[Any]):
+        self.geometry = geometry
+        self.model = geometry.model
+        self.loss_fn = loss_fn
+        self.batches = batches
+        self.names = list(geometry.params)
+        self.params = [geometry.params[name] for name in self.names]
+        #: The coordinates' dtype (the geometry's compute dtype, read once).
+        self.dtype = geometry.compute_dtype
+        #: Batch passes run so far (a forward and a backward pass each).
+        self.passes = 0
+
+    # ------------------------------------------------------------------ parameters
+    def _write(self, w: Tensor, rest: tuple[Any, Tensor, Tensor] | None = None, xi=None) -> None:
+        """Write the base point into the parameters (their local parts) in place, or with
+        ``rest = (part, z, s)`` and ``xi`` (the symmetry blocks' ``ξ`` in parameter layout,
+        local parts) the point displaced by ``s ξ``: the symmetry blocks' parameters
+        ``x + s ξ`` and the adaptive entries ``w + s · T z`` (``part.displaced_into_``), each
+        formed in the parameters themselves in a few fused operations, no vector of the
+        model's size besides; the partly covered parameters entry by entry."""
+        geometry, plan = self.geometry, self.geometry.plan
+        params = geometry.params
+        with torch.no_grad():
+            targets = [sh.local(params[n]) for n in self._symmetric]
+            if targets and rest is None:
+                torch._foreach_copy_(targets, self._symmetric_base)  # pyright: ignore[reportPrivateImportUsage]
+            elif targets:
+                torch._foreach_copy_(targets, xi)  # pyright: ignore[reportPrivateImportUsage]
+                torch._foreach_mul_(targets, rest[2])  # pyright: ignore[reportPrivateImportUsage]
+                torch._foreach_add_(targets, self._symmetric_base)  # pyright: ignore[reportPrivateImportUsage]
+            sizes = list(plan.adaptive_sizes)
+            if not sizes:
+                return
+            ws = w.split(sizes)
+            zs = rest[1].split(sizes) if rest is not None else [None] * len(sizes)
+            wholly = len(plan.adaptive_names)
+            names = plan.adaptive_names
+            out = [sh.local(params[n]) for n in names]
+            xs = [
+                sh.local_part(x.view(params[n].shape), params[n])
+                for n, x in zip(names, ws, strict=False)
+            ]
+            if rest is None:
+                if out:
+                    torch._foreach_copy_(out, xs)  # pyright: ignore[reportPrivateImportUsage]
+            else:
+                part, _, s = rest
+                vs = [
+                    sh.local_part(v.view(params[n].shape), params[n])
+                    for n, v in zip(names, zs, strict=False)
+                ]
+                if out:
+                    part.displaced_into_(out, xs, vs, s)
+            for name, x, v in zip(plan.partial, ws[wholly:], zs[wholly:], strict=True):
+                value = x if rest is None else rest[0].displaced(x, v, rest[2])
+                p = params[name]
+                whole = sh.full(sh.local(p), p).clone()
+                mask = plan.partial[name].to(whole.device)
+                plan.views[name].edit_(
+                    whole,
+                    lambda m, mask=mask, value=value: m.masked_scatter_(mask, value.to(m.dtype)),
+                )
+                sh.local(p).copy_(sh.local_part(whole, p))
+
+    def _gathered_grads(self) -> Coordinates:
+        """The parameters' ``.grad`` in coordinates (zeros where the loss does not depend on a
+        parameter; the whole tensors of sharded ones)."""
+        grads = {}
+        for name, p in zip(self.names, self.params, strict=True):
+            g = p.grad
+            if g is None:
+                grads[name] = torch.zeros(p.shape, dtype=p.dtype, device=sh.local(p).device)
+            else:
+                grads[name] = sh.full(sh.local(g), p)
+        return self.geometry.gather(grads, dtype=self.dtype)
+
+    def _passes(self, advance: Callable[[], object], check: bool) -> float:
+        """``loss_fn(model, S).backward()`` over the batches (gradients accumulate in
+        ``.grad``); the sum of the losses where ``check`` (each read and checked), else 0."""
+        total = 0.0
+        for i, batch in enumerate(self.batches):
+            try:
+                loss = self.loss_fn(self.model, batch)
+            except Exception as err:
+                _note(err, f"raised by loss_fn on batch {i}; {RESTORED}")
+                raise
+            if not isinstance(loss, Tensor) or loss.numel() != 1:
+                got = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
+                raise ValueError(f"loss_fn must return a scalar tensor, got {got} (batch {i})")
+            if check:
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    raise ValueError(
+                        f"loss_fn returned a non-finite loss ({value}) on batch {i}; {RESTORED}"
+                    )
+                total += value
+            if loss.requires_grad:
+                loss.reshape(()).backward()
+            self.passes += 1
+            advance()
+        return total
+
+    def base(self) -> Coordinates:
+        """The coordinates of the parameters as they are (whole, also where sharded): the
+        base point, new tensors."""
+        whole = {n: sh.full(sh.local(p), p) for n, p in zip(self.names, self.params, strict=True)}
+        points, w = self.geometry.gather(whole, dtype=self.dtype)
+        # the symmetry blocks' parameters as they are (local parts): the restoring copy
+        symmetric = self._local_symmetric(points)
+        self._symmetric = list(symmetric)
+        self._symmetric_base = [
+            t.clone() if _shares_memory(t, points) else t for t in symmetric.values()
+        ]
+        del symmetric
+        return points, w
+
+    def _local_symmetric(self, points: Sequence[Tensor]) -> dict[str, Tensor]:
+        """The symmetry blocks' parameters (local parts) scattered from ``points``."""
+        params = self.geometry.params
+        values = self.geometry.scatter(points, None)
+        return {n: sh.local_part(v, params[n]) for n, v in values.items()}
+
+    # ------------------------------------------------------------------ gradients
+    def gradient(self, advance: Callable[[], object] = lambda: None) -> tuple[float, Coordinates]:
+        """``(f, ∇f)`` at the parameters as they are (the base point), ``∇f`` in coordinates."""
+        n = len(self.batches)
+        with model_state_preserved(self.model), torch.enable_grad():
+            value = self._passes(advance, check=True)
+            points, w = self._gathered_grads()
+        if n > 1:
+            torch._foreach_div_([*points, w], float(n))  # pyright: ignore[reportPrivateImportUsage]
+        return value / n, (points, w)
+
+    def difference(
+        self,
+        w: Tensor,
+        xi: Sequence[Tensor],
+        rest: tuple[Any, Tensor],
+        t: Tensor,
+        advance: Callable[[], object] = lambda: None,
+    ) -> Coordinates:
+        """``(∇f(x + tξ) - ∇f(x - tξ)) / (2t)`` in coordinates, at the base point of
+        :meth:`base` (``w`` its adaptive vector): ``xi`` the symmetry blocks' points of ``ξ``,
+        ``rest = (part, z)`` the adaptive rest's part and whitened vector (``ξ_w = T z``,
+        formed in the parameters, :meth:`_write`); ``t`` a scalar tensor, never read on the
+        host. The base point is written back at the end."""
+        with torch.no_grad():
+            xi_params = list(self._local_symmetric(xi).values())
+        with model_state_preserved(self.model), torch.enable_grad():
+            try:
+                plus: list[Tensor | None] = []
+                for sign in (1.0, -1.0):
+                    self._write(w, (rest[0], rest[1], t * sign), xi_params)
+                    if sign < 0:  # not held through the second backward pass (the peak)
+                        xi_params.clear()
+                    self._passes(advance, check=False)
+                    if sign > 0:  # ∇f(x + tξ) set aside: the passes at x - tξ start afresh
+                        plus = [p.grad for p in self.params]
+                        for p in self.params:
+                            p.grad = None
+                _subtract_grads(self.params, plus)
+                hv_points, hv_w = self._gathered_grads()
+            finally:
+                self._write(w)
+        # ∇f(x + tξ) - ∇f(x - tξ) summed over the batches, to their mean's difference
+        scale = 0.5 / (t * len(self.batches))
+        torch._foreach_mul_([*hv_points, hv_w], scale)  # pyright: ignore[reportPrivateImportUsage]
+        return hv_points, hv_w
+
+
+def _shares_memory(t: Tensor, tensors: Sequence[Tensor]) -> bool:
+    """Whether ``t`` is a view of one of ``tensors`` (or shares its storage)."""
+    ptr = t.untyped_storage().data_ptr()
+    return any(ptr == u.untyped_storage().data_ptr() for u in tensors)
+
+
+def _subtract_grads(params: list[Tensor], plus: list[Tensor | None]) -> None:
+    """``.grad ← plus - .grad`` parameter by parameter, in one fused subtraction where both
+    are there (a fresh gradient instead of one accumulated into ``plus``: autograd then writes
+    no sum per parameter)."""
+    both = [(a, p) for a, p in zip(plus, params, strict=True) if a is not None]
+    pairs = [(a, p.grad) for a, p in both if p.grad is not None]
+    if pairs:
+        torch._foreach_sub_([a for a, _ in pairs], [g for _, g in pairs])  # pyright: ignore[reportPrivateImportUsage]
+    for p, a in zip(params, plus, strict=True):
+        if a is None:
+            p.grad = None if p.grad is None else p.grad.neg_()
+        else:
+            p.grad = a
+
+
+def _note(err: BaseException, message: str) -> None:
+    add_note = getattr(err, "add_note", None)  # Python 3.11+
+    if add_note is not None:
+        add_note(message)

@@ -1,0 +1,101 @@
+"""The finite-difference product moves the model's own parameters in place: the model comes
+back bit-exactly (weights, buffers, modes, ``.grad``), also when the loss fails inside a
+product, and the product equals the one on the model's copy."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from curvature_models import TwoFactor, cubic_loss, data
+from torch import nn
+
+import quotientgeo as qg
+from quotientgeo.curvature import RiemannianHessian
+
+
+class WithNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pair = TwoFactor(bias=True)
+        self.norm = nn.BatchNorm1d(4).double()
+
+    def forward(self, x):
+        return self.norm(self.pair(x))
+
+
+def snapshot(model):
+    return (
+        {k: v.clone() for k, v in model.state_dict().items()},
+        [(p, p.grad) for p in model.parameters()],
+        [m.training for m in model.modules()],
+    )
+
+
+def geometry_of(model):
+    return qg.ParameterGeometry(model).add_gl_pair(
+        qg.Source("pair.G", axis=1), qg.Source("pair.H", axis=1)
+    )
+
+
+def assert_restored(model, before):
+    state, grads, modes = before
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, state[k]), k
+    assert all(p.grad is g for p, g in grads)
+    assert [m.training for m in model.modules()] == modes
+
+
+@pytest.mark.parametrize("geometry", ["riemannian", "euclidean"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_finite_difference_restores_the_model_bit_exactly(geometry, seed):
+    model = WithNorm().train()
+    batches = data(seed=seed + 1)
+    model(batches[0][0]).sum().backward()  # .grad set, running statistics moved
+    twin = copy.deepcopy(model)
+    before = snapshot(model)
+    H = RiemannianHessian(
+        model,
+        cubic_loss,
+        batches,
+        product="finite_difference",
+        geometry=geometry,
+        symmetries=geometry_of(model),
+    )
+    z = torch.randn(H.dim, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    first = H @ z
+    assert_restored(model, before)
+    again = H @ z  # the second product starts from the very same weights
+    assert torch.equal(first, again)
+    # the same operator on an untouched copy gives the same numbers
+    other = RiemannianHessian(
+        twin,
+        cubic_loss,
+        batches,
+        product="finite_difference",
+        geometry=geometry,
+        symmetries=geometry_of(twin),
+    )
+    assert torch.equal(other @ z, first)
+
+
+def test_finite_difference_restores_the_model_when_the_loss_fails():
+    model = WithNorm().train()
+    batches = data()
+    before = snapshot(model)
+    calls = []
+
+    def failing(m, batch):
+        calls.append(1)
+        if len(calls) == 4:  # after the gradient (2 batches), at x + tξ on the second batch
+            raise RuntimeError("boom")
+        return cubic_loss(m, batch)
+
+    H = RiemannianHessian(
+        model, failing, batches, product="finite_difference", symmetries=geometry_of(model)
+    )
+    with pytest.raises(RuntimeError, match="boom") as info:
+        H @ torch.ones(H.dim, dtype=torch.float64)
+    assert any("restored" in note for note in getattr(info.value, "__notes__", []))
+    assert_restored(model, before)
