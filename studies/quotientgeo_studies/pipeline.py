@@ -21,7 +21,7 @@ and ``STUDY = Study(config, collect, analyse, report)``; its ``run(args)`` is
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -45,18 +45,23 @@ class Study(Generic[Config, Records, Analysis]):
     report: Callable[[Config, Analysis, Path], dict[str, Any]]
 
 
-def run_study(study: Study[Any, Any, Any], args: argparse.Namespace) -> int:
+def run_study(
+    study: Study[Any, Any, Any] | Sequence[Study[Any, Any, Any]], args: argparse.Namespace
+) -> int:
     """``report(analyse(collect(config(args))))`` on rank 0; every rank collects its share.
-    The analysis is a phase of its own (a bar, or its start and end lines in a log)."""
+    The analysis is a phase of its own (a bar, or its start and end lines in a log). Several
+    studies run one after the other in one process group."""
     out = C.out_dir(args)
-    config = study.config(args)
+    studies = [study] if isinstance(study, Study) else list(study)
     with C.Population() as population:
-        records = study.collect(config, population, out)
-        if population.is_reporter:
-            with C.counter("analysing", 1, enabled=not args.no_progress) as bar:
-                analysis = study.analyse(config, records)
-                bar.update(1)
-            study.report(config, analysis, out)
+        for one in studies:
+            config = one.config(args)
+            records = one.collect(config, population, out)
+            if population.is_reporter:
+                with C.counter("analysing", 1, enabled=not args.no_progress) as bar:
+                    analysis = one.analyse(config, records)
+                    bar.update(1)
+                one.report(config, analysis, out)
     return 0
 
 
@@ -69,12 +74,13 @@ def add_workers_argument(parser: argparse.ArgumentParser) -> None:
 
 def run_with_workers(
     entry: Callable[[argparse.Namespace], int],
-    study: Study[Any, Any, Any],
+    study: Study[Any, Any, Any] | Sequence[Study[Any, Any, Any]],
     args: argparse.Namespace,
 ) -> int:
     """:func:`run_study` in ``args.workers`` local processes (a gloo group, as ``torchrun``
     makes), unless this process already is one rank of a launch; ``entry`` is the command's
-    module-level ``run``, which every spawned process calls again."""
+    module-level ``run``, which every spawned process calls again. Several studies run one
+    after the other in the same processes."""
     workers = args.workers or (1 if args.quick else 2)
     if workers > 1 and not C.under_torchrun():
         return C.spawn(entry, args, workers)

@@ -38,9 +38,11 @@ from __future__ import annotations
 import argparse
 
 from .. import _common as C
+from .. import _curvature
 from ..pipeline import Study, add_workers_argument, run_with_workers
 from .analyse import analyse as _analyse
 from .collect import collect as _collect
+from .collect import curvature_populations
 from .config import MAIN, MEASURES, PAPER_TAU, POPULATIONS, Config
 from .config import config as _config
 from .figures import figures
@@ -94,10 +96,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--n-models", type=int, default=None, help="size of the init population (50)"
     )
     parser.add_argument("--n-iter", type=int, default=None, help="Auto-PGD iterations (100)")
+    _curvature.add_argument(parser)
     add_workers_argument(parser)
+
+
+def curvature_config(args: argparse.Namespace) -> _curvature.Config:
+    """The curvature rows of the study's populations (:mod:`.._curvature`)."""
+    base = _config(args)
+    return _curvature.Config(
+        study="diagonal",
+        base=base,
+        populations=curvature_populations,
+        settings=_curvature.Settings.quick() if base.quick else _curvature.Settings(),
+        seed=base.seed,
+        resamples=base.size.resamples,
+        progress=base.progress,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Diagonal networks (paper §5.1, Fig. 3): Kendall τ of sharpness vs gap across ρ, on a
-    population that varies α and one that varies only SGD noise."""
-    return run_with_workers(run, STUDY, args)
+    population that varies α and one that varies only SGD noise; then (``--curvature``) the
+    curvature rows."""
+    return run_with_workers(run, _curvature.studies(STUDY, curvature_config, args), args)

@@ -14,6 +14,7 @@ from quotientgeo.manifolds import DEFAULT_METRIC
 from quotientgeo.sharpness import SharpnessMeasure
 
 from .. import _common as C
+from .. import _curvature
 from .config import CALIBRATED_BY, GEODESIC, Config
 from .records import Calibrated, Member, PopulationRecords, Records
 from .training import DiagonalNet, hyperparameters, make_data, mse, rescale_geometry, sgd_grid
@@ -169,3 +170,48 @@ def collect(config: Config, population: C.Population, out: Path) -> Records:
             name: collect_population(name, config, population, data) for name in config.populations
         }
     return Records(records, population.world, started)
+
+
+def curvature_populations(
+    config: Config, population: C.Population, out: Path
+) -> list[_curvature.Population]:
+    """Every population of ``config`` for the curvature rows: trained as :func:`collect`
+    trains it (the same networks), the diverged left out, measured on the whole training set
+    as one batch, the Riemannian rows on the declared re-scaling pair in ``inv`` and ``mix``."""
+    data = make_data(config.size.data, config.seed)
+    batches = [(data["X"], data["y"])]
+    show = config.progress and population.is_reporter
+    found = []
+    for name in config.populations:
+        hp = design(name, config)
+        with C.threads(1):
+            trained = train(name, hp, data, config, show)
+        finite = torch.isfinite(trained["test_loss"]) & torch.isfinite(trained["train_loss"])
+        keep = finite.nonzero().flatten().tolist()
+        gaps = [float(trained["test_loss"][k] - trained["train_loss"][k]) for k in keep]
+        axes = AXES[name]
+        keys = [
+            {
+                **{axis: float(hp[axis][k]) for axis in axes},
+                "seed": int(hp["seed"][k]),
+            }
+            for k in keep
+        ]
+
+        def model_of(i: int, trained=trained, keep=keep) -> DiagonalNet:
+            return DiagonalNet(trained["u"][keep[i]], trained["v"][keep[i]])
+
+        found.append(
+            _curvature.Population(
+                name=name,
+                model_of=model_of,
+                batches_of=lambda i: batches,
+                loss_fn=mse,
+                gaps=gaps,
+                keys=keys,
+                axes=axes,
+                metrics=("inv", "mix"),
+                symmetries=rescale_geometry,
+            )
+        )
+    return found
