@@ -34,9 +34,11 @@ from __future__ import annotations
 import argparse
 
 from .. import _common as C
+from .. import _curvature
 from ..pipeline import Study, add_workers_argument, run_with_workers
 from .analyse import analyse as _analyse
 from .collect import collect as _collect
+from .collect import curvature_populations
 from .config import Config
 from .config import config as _config
 from .report import figures
@@ -59,10 +61,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gaps-only", action="store_true", help="train and print the gaps, measure nothing"
     )
+    _curvature.add_argument(parser)
     add_workers_argument(parser)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process (1)")
 
 
+def curvature_config(args: argparse.Namespace) -> _curvature.Config:
+    """The curvature rows of the study's population (:mod:`.._curvature`)."""
+    base = _config(args)
+    return _curvature.Config(
+        study="modular",
+        base=base,
+        populations=curvature_populations,
+        settings=_curvature.Settings.quick() if base.quick else _curvature.Settings(),
+        seed=base.seed,
+        resamples=base.size.resamples,
+        progress=base.progress,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    """Transformers on modular addition (memorisation to generalisation): τ, Ψ, τ(ρ), flatness."""
-    return run_with_workers(run, STUDY, args)
+    """Transformers on modular addition (memorisation to generalisation): τ, Ψ, τ(ρ), flatness;
+    then (``--curvature``, not with ``--gaps-only``) the curvature rows."""
+    studies = [STUDY] if args.gaps_only else _curvature.studies(STUDY, curvature_config, args)
+    return run_with_workers(run, studies, args)

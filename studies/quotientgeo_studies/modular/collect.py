@@ -13,8 +13,9 @@ from typing import Any
 import torch
 
 from .. import _common as C
+from .. import _curvature
 from . import task as M
-from .config import Config, batches
+from .config import AXES, Config, batches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,3 +152,38 @@ def collect(config: Config, population: C.Population, out: Path) -> Records | No
             values = population.map(measured, models, bar=bar)
         seconds["measuring"] = time.perf_counter() - tick
     return Records(recipes, metrics, rho1, calibration, values, seconds, started, population.world)
+
+
+def curvature_populations(
+    config: Config, population: C.Population, out: Path
+) -> list[_curvature.Population]:
+    """The population for the curvature rows: trained (or loaded from ``out / "models"``) as
+    :func:`collect` does, in ``measure_dtype``, on the sharpness rows' batches; the
+    Riemannian rows in ``inv`` and ``mix`` (``symmetries="auto"``)."""
+    size, recipes, data, task = (
+        config.size,
+        config.size.recipes(config.seed),
+        batches(config),
+        config.task,
+    )
+    show = config.progress and population.is_reporter
+    with C.threads(config.threads):
+        share = len(population.mine(len(recipes)))
+        with C.counter("models (trained or cached)", share, enabled=show) as bar:
+            trained = population.map(lambda r: M.trained(r, task, out / "models"), recipes, bar=bar)
+    dtype = getattr(torch, size.measure_dtype)
+    return [
+        _curvature.Population(
+            name="modular",
+            model_of=lambda k: trained[k][0].to(dtype),
+            batches_of=lambda k: data,
+            loss_fn=M.cross_entropy,
+            gaps=[m["gap"] for _, m in trained],
+            keys=[
+                {"fraction": r.fraction, "weight_decay": r.weight_decay, "seed": r.seed}
+                for r in recipes
+            ],
+            axes=AXES,
+            metrics=("inv", "mix"),
+        )
+    ]

@@ -12,7 +12,7 @@ from typing import Any
 from quotientgeo import Measure
 
 from .. import _common as C
-from .. import _finetune, _vit
+from .. import _curvature, _finetune, _vit
 from .analyse import best_factor, gap_spread_over_noise, grid_tau
 from .config import FIXED_FACTOR, MEASURES, Config
 from .records import Calibrated, Measurement, Member, Records, Row
@@ -159,3 +159,40 @@ def collect(config: Config, population: C.Population, out: Path) -> Records:
         seconds=timer.seconds,
         started=started,
     )
+
+
+def curvature_populations(
+    config: Config, population: C.Population, out: Path
+) -> list[_curvature.Population]:
+    """The population for the curvature rows: fine-tuned (or loaded from ``out / "models"``)
+    as :func:`collect` does, measured on each member's sharpness batches, the Riemannian rows
+    in ``inv`` and ``mix`` (``symmetries="auto"``)."""
+    size, cache, seed = config.size, out / "models", config.seed
+    data = _finetune.tasks(seed, config.pool)
+    pre = _finetune.Pretraining(width=size.width, epochs=size.pretrain_epochs, seed=seed)
+    recipes = config.recipes()
+    show = config.progress and population.is_reporter
+    with C.threads(config.threads):
+        base = population.map(lambda _: _finetune.pretrained(pre, data, cache), [None])[0]
+        share = len(population.mine(size.n_models))
+        with C.counter("models (fine-tuned or cached)", share, enabled=show) as b:
+            fine = population.map(
+                lambda r: _finetune.finetuned(r, base, pre, data, cache), recipes, bar=b
+            )
+
+    def batches_of(k: int) -> list:
+        labels = _finetune.training_labels(recipes[k], data["y_train"])
+        return _finetune.sharpness_batches(data, size.n_batches, size.batch, labels)
+
+    return [
+        _curvature.Population(
+            name=config.population,
+            model_of=lambda k: fine[k][0],
+            batches_of=batches_of,
+            loss_fn=_vit.cross_entropy,
+            gaps=[metrics["gap"] for _, metrics in fine],
+            keys=[{**{a: getattr(r, a) for a in config.axes}, "seed": r.seed} for r in recipes],
+            axes=config.axes,
+            metrics=("inv", "mix"),
+        )
+    ]
