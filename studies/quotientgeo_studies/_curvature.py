@@ -14,7 +14,7 @@ the table and writes ``NAME_curvature.json``.
 Rows, per geometry ``g`` (each metric of the study's geodesic rows, then ``euclidean``):
 ``trace_g = tr Hess f`` and ``lambda_max_g = λ_max(Hess f)``, ``f`` the mean loss over the
 member's batches. The trace is exact (``D`` products) where the operator has at most
-:data:`EXACT_MAX` coordinates, else Hutchinson's estimate over :attr:`Settings.n_probes`
+:attr:`Settings.exact_max` coordinates, else Hutchinson's estimate over :attr:`Settings.n_probes`
 Rademacher probes; the top eigenvalue is Lanczos' (``scipy.sparse.linalg.eigsh``). A figure
 whose computation raises (an ill-conditioned Gram matrix, Lanczos without convergence) is NaN
 and a failure, left out of τ.
@@ -38,7 +38,6 @@ from .pipeline import Study
 
 __all__ = [
     "CHOICES",
-    "EXACT_MAX",
     "Config",
     "Population",
     "Settings",
@@ -52,13 +51,13 @@ __all__ = [
 ]
 
 CHOICES = ("also", "only", "off")
-EXACT_MAX = 1024  # operators up to this size get the exact trace
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """The estimators' settings (the protocol's; ``--quick`` takes fewer probes)."""
 
+    exact_max: int = 1024  # operators up to this size get the exact trace
     n_probes: int = 64
     chunk_size: int = 16
     tol: float = 1e-3
@@ -66,7 +65,7 @@ class Settings:
 
     @classmethod
     def quick(cls) -> Settings:
-        return cls(n_probes=8, chunk_size=8)
+        return cls(exact_max=128, n_probes=8, chunk_size=8)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +113,7 @@ def measure_member(
     failures: list[str] = []
     with population.context(model):
         dim = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        method = "exact" if dim <= EXACT_MAX else "hutchinson"
+        method = "exact" if dim <= settings.exact_max else "hutchinson"
         for g in [*population.metrics, "euclidean"]:
             if g == "euclidean":
                 where: dict[str, Any] = {"symmetries": None, "geometry": "euclidean"}
@@ -333,7 +332,7 @@ def payload(config: Config, analysis: Analysis) -> dict[str, Any]:
         "command": f"{config.study} --curvature",
         "seed": config.seed,
         "ranks": analysis.records.ranks,
-        "settings": {**dataclasses.asdict(config.settings), "exact_max": EXACT_MAX},
+        "settings": dataclasses.asdict(config.settings),
         "resamples": config.resamples,
         "populations": out,
         "seconds": {"total": time.perf_counter() - analysis.records.started},

@@ -62,9 +62,11 @@ from __future__ import annotations
 import argparse
 
 from .. import _common as C
+from .. import _curvature
 from ..pipeline import Study, add_workers_argument, run_with_workers
 from .analyse import analyse as _analyse
 from .collect import collect as _collect
+from .collect import curvature_populations
 from .config import Config
 from .config import config as _config
 from .figures import figure
@@ -93,10 +95,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="loss increase (nats) that calibrates ρ₁ of every measure (1)",
     )
+    _curvature.add_argument(parser)
     add_workers_argument(parser)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process (1)")
 
 
+def curvature_config(args: argparse.Namespace) -> _curvature.Config:
+    """The curvature rows of the study's population, in both scopes (:mod:`.._curvature`)."""
+    base = _config(args)
+    return _curvature.Config(
+        study="lora",
+        base=base,
+        populations=curvature_populations,
+        settings=_curvature.Settings.quick() if base.quick else _curvature.Settings(),
+        seed=base.seed,
+        resamples=base.size.resamples,
+        progress=base.progress,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    """LoRA fine-tuning: five optimizers over a learning-rate grid; sharpness vs gap."""
-    return run_with_workers(run, STUDY, args)
+    """LoRA fine-tuning: five optimizers over a learning-rate grid; sharpness vs gap; then
+    (``--curvature``) the curvature rows."""
+    return run_with_workers(run, _curvature.studies(STUDY, curvature_config, args), args)

@@ -16,7 +16,8 @@ from torch import nn
 from quotientgeo import Measure, calibrate_rho
 
 from .. import _common as C
-from .. import _finetune, _vit
+from .. import _curvature, _finetune, _vit
+from .analyse import AXES
 from .config import Config
 from .model import (
     FROZEN_ATTENTION,
@@ -230,3 +231,84 @@ def collect(config: Config, population: C.Population, out: Path) -> Records:
         seconds=timer.seconds,
         started=started,
     )
+
+
+ADAPTER_RADIUS = 0.1
+"""The radius of the adapters' ``FrameDamping`` in the curvature rows (the Hessian has no ball
+to take it from): the SAM arms' radius, fixed in advance."""
+
+
+def damped_geometry(model: nn.Module, metric: str):
+    """``find_symmetries(model)`` in ``metric``, each damping that waits for a ball's radius
+    (the adapters' ``FrameDamping()``) given :data:`ADAPTER_RADIUS`; every other block as
+    discovered."""
+    import dataclasses
+
+    from quotientgeo import find_symmetries
+    from quotientgeo.manifolds.gl.damping import with_ball_filled
+
+    geometry = find_symmetries(model, warn=False).with_metric(metric)  # a new geometry
+    geometry.blocks = [
+        dataclasses.replace(b, manifold=with_ball_filled(b.manifold, ADAPTER_RADIUS))
+        for b in geometry.blocks
+    ]
+    return geometry
+
+
+def curvature_populations(
+    config: Config, population: C.Population, out: Path
+) -> list[_curvature.Population]:
+    """The population for the curvature rows, once per scope: fine-tuned (or loaded from
+    ``out / "models"``) as :func:`collect` does, a float64 copy of each member on its
+    sharpness batches, the Riemannian rows in ``mix`` (:func:`damped_geometry`); diverged
+    members are left out."""
+    import contextlib
+
+    size, t, seed = config.size, config.training, config.seed
+    cache = out / "models"
+    data = _finetune.tasks(seed, t.pool)
+    pre = _finetune.Pretraining(width=size.width, epochs=size.pretrain_epochs, seed=seed)
+    recipes = config.recipes()
+    dtype = getattr(torch, size.measure_dtype)
+    show = config.progress and population.is_reporter
+    with C.threads(config.threads):
+        base = population.map(lambda _: _finetune.pretrained(pre, data, cache), [None])[0]
+        share = len(population.mine(len(recipes)))
+        with C.counter("members (fine-tuned or cached)", share, enabled=show) as b:
+            fine = population.map(
+                lambda r: finetuned(config, r, base, pre, data, cache), recipes, bar=b
+            )
+
+    def batches_of(k: int) -> list:
+        labels = _finetune.noisy_labels(data["y_train"], t.noise, recipes[k].seed)
+        batches = _finetune.sharpness_batches(data, size.n_batches, size.batch, labels)
+        return [(x.to(dtype), y) for x, y in batches]
+
+    def model_of(k: int) -> nn.Module:
+        return measured_copy(base, pre, config, recipes[k], fine[k]["state"])
+
+    def scoped(where: str):
+        @contextlib.contextmanager
+        def context(model: nn.Module):
+            with scope(model, where), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", FROZEN_ATTENTION, UserWarning)
+                yield model
+
+        return context
+
+    return [
+        _curvature.Population(
+            name=f"lora ({where})",
+            model_of=model_of,
+            batches_of=batches_of,
+            loss_fn=_vit.cross_entropy,
+            gaps=[f["metrics"]["gap"] for f in fine],
+            keys=[r.axes() for r in recipes],
+            axes=AXES,
+            metrics=("mix",),
+            symmetries=damped_geometry,
+            context=scoped(where),
+            skip=frozenset(k for k, f in enumerate(fine) if f["metrics"]["diverged"]),
+        )
+        for where in SCOPES
+    ]
