@@ -110,6 +110,34 @@ def test_quick_run(name, quick):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+CURVATURE = {  # command -> (populations, their axes, the Riemannian metrics of the rows)
+    "diagonal": ({"init": [], "sgd": ["lr_factor", "batch_size"]}, ("inv", "mix")),
+    "transformers": ({"grid": ["label_noise", "subset"]}, ("inv", "mix")),
+    "modular": ({"modular": ["fraction", "weight_decay"]}, ("inv", "mix")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CURVATURE))
+def test_quick_run_has_the_curvature_rows(name, quick):
+    """The default run also writes ``NAME_curvature.json``: every member of every population
+    with its gap, every row finite, τ that of the members' figures, Ψ on the grids."""
+    out, _ = quick(name)
+    populations, metrics = CURVATURE[name]
+    payload = json.loads((out / f"{name}_curvature.json").read_text())
+    assert payload["settings"]["n_probes"] == 8  # --quick
+    assert {k: v["axes"] for k, v in payload["populations"].items()} == populations
+    for pop in payload["populations"].values():
+        rows = [f"{kind}_{g}" for kind in ("trace", "lambda_max") for g in (*metrics, "euclidean")]
+        assert pop["rows"] == rows and pop["failures"] == []
+        gaps = [m["gap"] for m in pop["members"]]
+        for row in rows:
+            values = [m[row] for m in pop["members"]]
+            assert all(math.isfinite(v) for v in values), row
+            assert pop["kendall_tau"][row] == pytest.approx(kendalltau(values, gaps)[0])
+            psi = pop["granulated_tau"][row]
+            assert (psi is None) == (not pop["axes"])
+
+
 def test_diagonal_quick_fields(quick):
     """Both populations: τ across calibrated radii with bands, granulated τ on the grid one
     only, the gap spread over the noise from the members' records, the shared balls."""

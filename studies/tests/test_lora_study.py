@@ -289,3 +289,13 @@ def test_quick_run_end_to_end(tmp_path):
     assert len(payload["geometry"]["whole"]["blocks"]) == 8
     png = (out / "lora.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+    # the curvature rows, both scopes, the same members and gaps, every figure finite
+    curvature = json.loads((out / "lora_curvature.json").read_text())["populations"]
+    assert list(curvature) == [f"lora ({where})" for where in model.SCOPES]
+    gaps = [m["gap"] for m in payload["models"]]
+    for pop in curvature.values():
+        assert pop["axes"] == list(AXES) and pop["failures"] == []
+        assert [m["gap"] for m in pop["members"]] == pytest.approx(gaps)
+        for row in ("trace_mix", "trace_euclidean", "lambda_max_mix", "lambda_max_euclidean"):
+            assert all(math.isfinite(m[row]) for m in pop["members"]), row
+            assert -1.0 <= pop["kendall_tau"][row] <= 1.0
