@@ -1,5 +1,5 @@
 """The Riemannian Hessian of models sharded with FSDP2 (``fully_shard``), under ``torchrun``
-with 2 gloo processes on the CPU (tests/curvature/fsdp_worker.py).
+with 2 gloo processes on the CPU (tests/curvature/hessian_fsdp_worker.py).
 
 With the finite-difference product, the top eigenvalue, a Hutchinson trace and one product of
 a sharded tiny BERT (heads straddling the shards) and tiny Llama (grouped-query attention,
@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("transformers")
 
 WORLD = 2
-WORKER = Path(__file__).with_name("fsdp_worker.py")
+WORKER = Path(__file__).with_name("hessian_fsdp_worker.py")
 MODELS = ["bert", "llama"]
 
 

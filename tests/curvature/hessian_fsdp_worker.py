@@ -1,4 +1,4 @@
-"""One rank of ``torchrun --nproc_per_node 2 tests/curvature/fsdp_worker.py OUT``: the
+"""One rank of ``torchrun --nproc_per_node 2 tests/curvature/hessian_fsdp_worker.py OUT``: the
 Riemannian Hessian (finite-difference product) of models sharded with FSDP2 (``fully_shard``)
 against the same weights in one process.
 
@@ -6,7 +6,7 @@ Each rank measures the unsharded model alone, then a copy sharded per layer and 
 passed as it is, with the same batches on every rank; it writes ``OUT.<rank>`` (JSON): the top
 eigenvalue, a Hutchinson trace and one product of both, whether the sharded model came back
 bit-exactly, and the message that refuses the double-backward product.
-tests/curvature/test_fsdp.py launches it and checks the records.
+tests/curvature/test_hessian_fsdp.py launches it and checks the records.
 """
 
 from __future__ import annotations
