@@ -106,7 +106,8 @@ def controlled(
     too (the exact geodesic may stay inside while a coarse RK4 path steps out near a singular
     point): ``N`` doubles and the run is repeated. The reference runs without gradient: the
     cost is ``1.5 N`` steps where the rule's count suffices. At :data:`MAX_STEPS` it warns with
-    the estimated error and stops, or re-raises where even that run leaves the manifold.
+    the estimated error and stops, or re-raises where a run whose count cannot double within
+    the cap leaves the manifold.
     """
     rtol, dims = rtol_for(x.dtype), tuple(range(-ndim, 0))
     eps = torch.finfo(x.dtype).eps

@@ -231,8 +231,9 @@ def test_span_reduced_rk4_equals_full_space_rk4(case):
 def test_default_integration_meets_its_stated_accuracy(case, metric, size, horizontal):
     """The automatic count meets ``rtol`` in the metric at ``x`` (``||y − y*||_x ≤ rtol ||y* −
     x||_x``), or says that it cannot: at ``MAX_STEPS`` it warns with its estimate of the error,
-    which must not understate the error by more than 3 times, or raises ``LeftManifold`` where
-    even that run steps out of GL (near-singular paths, e.g. GL(1) with a factor through 0).
+    which must not understate the error by more than 3 times, or raises ``LeftManifold`` where a
+    run of at least half the cap steps out of GL (near-singular paths, e.g. GL(1) with a factor
+    through 0).
     The reference takes 4 times the steps the count took (RK4: 256 times more accurate)."""
     m = case.manifold.with_metric(metric)
     x = case.x
@@ -242,7 +243,7 @@ def test_default_integration_meets_its_stated_accuracy(case, metric, size, horiz
         try:
             y = m.expmap(x, u)
         except LeftManifold:
-            assert counts[-1] == MAX_STEPS  # it gives up at the cap only
+            assert 2 * counts[-1] >= MAX_STEPS  # only a run whose count cannot double
             return
     try:
         reference = integrated(m, x, u, steps=4 * counts[-1])
