@@ -403,17 +403,21 @@ class Objective:
         self._move_blocks_(self.current)
 
     def keep_best(self, keep: Tensor | bool) -> None:
-        """``best ← ξ_k`` where ``keep``. A ``bool`` (a host decision) takes effect at once: the
-        best point *is* ``ξ_k`` from now, and a best point of its own is freed before the
-        backward pass. A 0-dim tensor (a decision computed on an accelerator) is read on the
-        host once the backward pass is queued behind it: by the step (:meth:`advance`), a
-        restart, or the end of the run."""
+        """``best ← ξ_k`` where ``keep``. A ``bool`` takes effect at once: the best point *is*
+        ``ξ_k`` from now, and a best point of its own is freed before the backward pass. A
+        0-dim tensor (the comparison, computed on the device) is read on the host once, when
+        that costs least (:func:`host_tracking`): at once where the device is the host (then
+        as a ``bool``), else once the backward pass is queued behind it: by the step
+        (:meth:`advance`), a restart, or the end of the run."""
         if not self.worst_case or keep is False:
             return
-        if isinstance(keep, bool):
+        if isinstance(keep, Tensor):
+            if not host_tracking(keep.device):
+                self._pending_keep = _HostFlag(keep)
+                return
+            keep = bool(keep)
+        if keep:
             self._best, self.best = "current", None
-        else:
-            self._pending_keep = _HostFlag(keep)
 
     def _decide_on_host(self) -> None:
         """A pending decision of :meth:`keep_best` taken on the host."""
@@ -525,6 +529,12 @@ class Objective:
         if deficient is not None:
             raise ValueError(f"{message}, likely from {deficient}")
         raise ValueError(f"{message}; the model is restored")
+
+
+def host_tracking(device: torch.device) -> bool:
+    """Whether :meth:`Objective.keep_best` reads a comparison on the host at once (free where
+    the device is the host: the CPU) rather than once the backward pass is queued."""
+    return device.type == "cpu"
 
 
 def _recomputes_forward(model: nn.Module) -> bool:
