@@ -195,7 +195,7 @@ class Objective:
         """The piece's entries of the current iterate ``ξ_k`` (compute dtype; a view of
         ``current`` where it is held there)."""
         if all(seg.name not in self.current for seg in piece.segments):  # read off the weights
-            return piece.read(self.weights, self.dtype) - piece.read(self.x0, self.dtype)
+            return piece.difference(self.weights, self.x0, self.dtype)
         parts = [
             seg.of(self.current[seg.name]).to(self.dtype)
             if seg.name in self.current
@@ -214,8 +214,7 @@ class Objective:
         for piece in self.space.pieces:
             if names.isdisjoint(piece.names):
                 continue
-            moved = piece.read(self.x0, self.dtype) + piece.read(source, self.dtype)
-            piece.write_(self.weights, moved, names)
+            piece.write_sum_(self.weights, self.x0, piece.read(source, self.dtype), names)
         if not first_order:
             self._move_blocks_(source)
 
@@ -381,13 +380,13 @@ class Objective:
                 if best_is_previous and previous[name] is self.previous[name]:
                     previous[name] = _fresh(self.previous[name])
             xi = self._xi(piece)
-            new = xi * c0 + piece.read(self.previous, self.dtype) * c1
-            new += piece.read(grads, self.dtype) * c2
+            new = xi * c0
+            new.addcmul_(piece.read(self.previous, self.dtype), c1)
+            new.addcmul_(piece.read(grads, self.dtype), c2)
             piece.write_(previous, xi)
             piece.write_(target, new, target)
             if not self.straight.isdisjoint(piece.names):
-                moved = piece.read(self.x0, self.dtype) + new
-                piece.write_(self.weights, moved, self.straight)
+                piece.write_sum_(self.weights, self.x0, new, self.straight)
             for name in piece.names:
                 if self._last_piece[name] == i:
                     del grads[name]
