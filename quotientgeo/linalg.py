@@ -6,11 +6,13 @@ dimensions, like :mod:`torch.linalg`. Nothing here leaves the input's device or 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 import operator
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 import torch
@@ -45,16 +47,62 @@ def gram(a: Tensor, eps: float | Tensor = 0.0) -> Tensor:
     return g
 
 
+# the factorisations of the innermost open :func:`deferred_checks` block: (info, what)
+_DEFERRED: contextvars.ContextVar[list[tuple[Tensor, str]] | None] = contextvars.ContextVar(
+    "deferred_checks", default=None
+)
+
+
+def _not_positive_definite(what: str) -> ValueError:
+    return ValueError(
+        f"{what} is not positive definite: a factor is rank deficient (or nearly so). "
+        "Use full-column-rank factors, or relax the geometry with eps > 0 "
+        "(Gram matrices become GᵀG + eps·I)."
+    )
+
+
 def cholesky(spd: Tensor, what: str = "matrix") -> Tensor:
-    """Lower Cholesky factor, re-raising a failure as a ``ValueError`` that names ``what``."""
+    """Lower Cholesky factor, re-raising a failure as a ``ValueError`` that names ``what``.
+
+    Checked on the host at once (a device synchronisation), except inside
+    :func:`deferred_checks`, which checks every factorisation of its block in one read."""
+    pending = _DEFERRED.get()
+    if pending is not None:
+        L, info = torch.linalg.cholesky_ex(spd)
+        pending.append((info, what))
+        return L
     try:
         return torch.linalg.cholesky(spd)
     except LinAlgError as err:
-        raise ValueError(
-            f"{what} is not positive definite: a factor is rank deficient (or nearly so). "
-            "Use full-column-rank factors, or relax the geometry with eps > 0 "
-            "(Gram matrices become GᵀG + eps·I)."
-        ) from err
+        raise _not_positive_definite(what) from err
+
+
+@contextlib.contextmanager
+def deferred_checks() -> Iterator[None]:
+    """A block whose :func:`cholesky` calls do not synchronise: each returns
+    ``torch.linalg.cholesky_ex``'s factor at once, and on leaving the block (without an
+    exception) all of them are checked in one host read; the first that failed raises
+    :func:`cholesky`'s ``ValueError``. What the block computed from a failed factorisation is
+    meaningless: the caller must not let it out before the block is left."""
+    pending: list[tuple[Tensor, str]] = []
+    token = _DEFERRED.set(pending)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+    _raise_failed(pending)
+
+
+def _raise_failed(pending: list[tuple[Tensor, str]]) -> None:
+    """The ``ValueError`` of the first failed factorisation of ``pending``, if any (one host
+    read; more only to name a failure)."""
+    if not pending:
+        return
+    if not bool(torch.cat([info.reshape(-1) for info, _ in pending]).any()):
+        return
+    for info, what in pending:
+        if bool(info.any()):
+            raise _not_positive_definite(what)
 
 
 def cholesky_inverse(L: Tensor) -> Tensor:

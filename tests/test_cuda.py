@@ -15,7 +15,7 @@ import torch
 
 from quotientgeo import adaptive_sharpness, geodesic_sharpness
 from quotientgeo.optim import GeodesicSAM
-from quotientgeo.sharpness import apgd as apgd_module
+from quotientgeo.sharpness import objective as objective_module
 from quotientgeo.testing import TinyTransformerClassifier, cross_entropy, moved_along_orbits
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -49,7 +49,7 @@ def test_best_point_read_at_the_step_is_the_host_decisions(monkeypatch):
     model, batches = problem("cuda")
     kw = dict(rho=1.0, n_iter=30, restarts=2, seed=0, progress=False, return_perturbation=True)
     device = geodesic_sharpness(model, cross_entropy, batches, metric="mix", **kw)
-    monkeypatch.setattr(apgd_module, "host_tracking", lambda device: True)
+    monkeypatch.setattr(objective_module, "host_tracking", lambda device: True)
     host = geodesic_sharpness(model, cross_entropy, batches, metric="mix", **kw)
     trace = host.trace[0][0]  # the best loss after each iterate of the first restart
     assert any(b <= a for a, b in itertools.pairwise(trace)), "every step improved: vacuous"

@@ -11,9 +11,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from quotientgeo.bench.cost import CostCounter
 from quotientgeo.linalg import (
     cholesky,
     conjugate_gradient,
+    deferred_checks,
     gram,
     mT,
     solve_sylvester,
@@ -55,6 +57,53 @@ def test_cholesky_error_names_what_and_suggests_eps():
     assert isinstance(info.value.__cause__, torch.linalg.LinAlgError)
     spd = torch.eye(3, dtype=torch.float64) * 4
     assert torch.allclose(cholesky(spd), 2 * torch.eye(3, dtype=torch.float64))
+
+
+@given(n=st.integers(1, 5), bad=st.integers(-1, 4), batch=st.sampled_from(BATCHES))
+def test_deferred_checks_read_once_and_raise_the_first_failure(n, bad, batch):
+    """Inside :func:`deferred_checks` ``n`` factorisations make no host read; leaving the block
+    reads once, and raises the error of the first that failed (``bad``; ``-1``: none)."""
+    spd = torch.eye(3, dtype=torch.float64).expand(*batch, 3, 3) * 4
+    singular = spd.clone()
+    singular.view(-1, 3, 3)[-1, 2, 2] = 0.0  # the last batch entry is singular
+    mats = [singular if i == bad else spd for i in range(n)]
+    fails = 0 <= bad < n
+    factors, error = [], None
+    with CostCounter() as counter:
+        try:
+            with deferred_checks():
+                factors = [cholesky(m, f"matrix {i}") for i, m in enumerate(mats)]
+                inside = counter.host_reads
+        except ValueError as err:
+            error = str(err)
+    assert inside == 0
+    if fails:
+        assert error is not None and f"matrix {bad} is not positive definite" in error
+    else:
+        assert error is None
+        for L in factors:
+            torch.testing.assert_close(L, 2 * torch.eye(3, dtype=torch.float64).expand_as(L))
+    # one read to find out, and one per factorisation up to the failed one to name it
+    assert counter.host_reads == (1 + bad + 1 if fails else 1)
+
+
+def test_deferred_checks_pass_exceptions_and_nest():
+    """An exception of the block passes unchanged (nothing is read); a nested block checks its
+    own factorisations; outside any block :func:`cholesky` checks at once again."""
+    singular = torch.zeros(3, 3, dtype=torch.float64)
+    with pytest.raises(KeyError), deferred_checks():
+        cholesky(singular, "GᵀG")
+        raise KeyError("mine")
+    with pytest.raises(ValueError, match="inner"), deferred_checks():
+        with deferred_checks():
+            cholesky(singular, "inner")
+        cholesky(singular, "outer")
+    with pytest.raises(ValueError, match="outer"), deferred_checks():
+        with deferred_checks():
+            cholesky(torch.eye(3), "inner")
+        cholesky(singular, "outer")
+    with pytest.raises(ValueError, match="at once"):
+        cholesky(singular, "at once")
 
 
 @given(spd_pairs())

@@ -139,6 +139,14 @@ class Region:
             parts = region.reshape(c, heads, r, h).permute(1, 2, 0, 3)
         return parts.reshape(heads, r * c, h)
 
+    def factor_parts(self, region: Tensor, heads: int) -> Tensor:
+        """:meth:`to_factor` before its last reshape, ``(heads, r, c, h)``: a view of
+        ``region`` (whose rows are contiguous), where :meth:`to_factor` may copy."""
+        r, h = self.group, self.width
+        if self.axis == 0:
+            return region.reshape(heads, r, h, region.shape[1]).transpose(-1, -2)
+        return region.reshape(region.shape[0], heads, r, h).permute(1, 2, 0, 3)
+
     def from_factor(self, piece: Tensor) -> Tensor:
         """Inverse of :meth:`to_factor`: ``(..., heads, k, h)`` -> ``(..., *region)``."""
         *lead, heads, k, h = piece.shape

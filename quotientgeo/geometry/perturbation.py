@@ -317,6 +317,56 @@ class Piece:
             return values[0].to(dtype)
         return torch.cat([v.to(dtype) for v in values])
 
+    def views(self, tensors: Mapping[str, Tensor], dtype: torch.dtype) -> list[Tensor] | None:
+        """The segments' entries of ``tensors`` as views, where no segment is masked and every
+        tensor is contiguous and of ``dtype`` (else ``None``)."""
+        out = []
+        for seg in self.segments:
+            t = tensors[seg.name]
+            if seg.mask is not None or not t.is_contiguous() or t.dtype != dtype:
+                return None
+            out.append(t.view(-1)[seg.start : seg.stop])
+        return out
+
+    def difference(
+        self, a: Mapping[str, Tensor], b: Mapping[str, Tensor], dtype: torch.dtype
+    ) -> Tensor:
+        """``a - b`` at the piece's entries, in ``dtype``: of several segments, one
+        ``_foreach_sub`` of their views and one concatenation of the differences (not two
+        concatenations and a subtraction)."""
+        va, vb = self.views(a, dtype), self.views(b, dtype)
+        if va is None or vb is None or len(va) == 1:
+            return self.read(a, dtype) - self.read(b, dtype)
+        diffs = torch._foreach_sub(va, vb)  # pyright: ignore[reportPrivateImportUsage]
+        return torch.cat(diffs)
+
+    @torch.no_grad()
+    def write_sum_(
+        self,
+        tensors: Mapping[str, Tensor],
+        base: Mapping[str, Tensor],
+        values: Tensor,
+        names=None,
+    ) -> None:
+        """``tensors ← base + values`` at the piece's entries (of the parameters ``names``
+        only, where given), in place: where every tensor is a plain view in ``values``' dtype,
+        ``base`` copied in and ``values`` added in two ``_foreach`` operators (one ``add`` with
+        ``out`` for one segment), else :meth:`write_` of the sum."""
+        dtype = values.dtype
+        targets, sources = self.views(tensors, dtype), self.views(base, dtype)
+        if (
+            targets is None
+            or sources is None
+            or (names is not None and any(name not in names for name in self.names))
+        ):
+            self.write_(tensors, self.read(base, dtype) + values, names)
+            return
+        if len(targets) == 1:
+            torch.add(sources[0], values, out=targets[0])
+            return
+        torch._foreach_copy_(targets, sources)  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_add_(targets, self.split(values))  # pyright: ignore[reportPrivateImportUsage]
+
     def split(self, values: Tensor) -> list[Tensor]:
         """``values`` (the piece's entries) cut into its segments."""
         if len(self.segments) == 1:

@@ -151,10 +151,27 @@ def _congruent(
 
 
 def _gather_stacked(found: list[Block], tensors: Mapping[str, Tensor], dtype) -> Tensor:
-    """:func:`gather_blocks` of congruent blocks (:func:`_congruent`): each region of every
-    block stacked in one copy, its heads' factors formed in one batch, one concatenation."""
+    """:func:`gather_blocks` of congruent blocks (:func:`_congruent`): the points allocated
+    once and each region of every block copied into them in one ``_foreach_copy_`` (its
+    heads' factors as views, :meth:`Region.factor_parts`); parameters of another dtype than
+    ``dtype``: each region stacked, its heads' factors formed in one batch, one
+    concatenation."""
     first, n = found[0], len(found)
     heads, rows = first.heads, []
+    values = [
+        [b.regions[j].of(tensors[b.regions[j].name].detach()) for b in found]
+        for j in range(len(first.regions))
+    ]
+    if all(v.dtype == dtype for region in values for v in region):
+        k, h = sum(r.k for r in first.regions), first.regions[0].width
+        out = torch.empty((n * heads, k, h), dtype=dtype, device=values[0][0].device)
+        y, start = out.view(n, heads, k, h), 0
+        for r, region in zip(first.regions, values, strict=True):
+            target = y[:, :, start : start + r.k].unflatten(-2, (r.group, r.k // r.group))
+            sources = [r.factor_parts(v, heads) for v in region]
+            torch._foreach_copy_(list(target.unbind(0)), sources)  # pyright: ignore[reportPrivateImportUsage]
+            start += r.k
+        return out
     for j, r in enumerate(first.regions):
         region = torch.stack([b.regions[j].of(tensors[b.regions[j].name].detach()) for b in found])
         if r.axis == 0:  # (n, heads·g·h, c): the n blocks' heads are one batch of heads

@@ -45,8 +45,8 @@ class AdaptiveGeometry(QuotientManifold):
         return p.cached("scale", lambda: p.x.abs().clamp_min(self.floor))
 
     def scale_squared(self, p: AtPoint) -> Tensor:
-        """``ŵ²``, cached on ``p``."""
-        return p.cached("scale_squared", lambda: self.scale(p).square())
+        """``ŵ² = max(w², floor²)``, cached on ``p`` (two passes over ``w``, not three)."""
+        return p.cached("scale_squared", lambda: p.x.square().clamp_min(self.floor**2))
 
     def inverse_scale(self, p: AtPoint) -> Tensor:
         """``1 / ŵ``, cached on ``p``."""

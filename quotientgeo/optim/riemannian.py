@@ -38,6 +38,7 @@ from ..geometry import shards as sh
 from ..geometry.diagnosis import Diagnosis
 from ..geometry.symmetries import geometry_of
 from ..geometry.transfer import gather_blocks, write_blocks_
+from ..linalg import deferred_checks
 from ..manifolds import FrameDamping, QuotientManifold
 from ..manifolds.gl.damping import without_ball
 from ..options import checked_metric
@@ -113,7 +114,9 @@ class QuotientOptimizer(torch.optim.Optimizer):
     point is saved under its index, so a state dict loads into the optimizer of a model with
     the same symmetry blocks. A failure of the geometry (rank-deficient factors with
     ``eps = 0``, non-finite weights) raises a ``ValueError`` naming the block, layer, head
-    and parameters; the model's weights are then unchanged.
+    and parameters; the model's weights are then unchanged (the points' state, such as
+    momentum, is not: the points' factorisations are checked together, in one host read,
+    once geoopt has stepped them, before the other parameters are stepped).
     """
 
     model: nn.Module
@@ -186,20 +189,36 @@ class QuotientOptimizer(torch.optim.Optimizer):
         self._start_momentum_at_zero()
         try:
             with self._diagnosis.located():
-                # the geoopt class's own step, without the hook wrapper torch puts on it
-                # once that class is instantiated: this class's step is wrapped already,
-                # and the step hooks run once
-                base = super().step
-                unwrapped = getattr(base, "__wrapped__", None)
-                if unwrapped is None:
-                    base()
-                else:
-                    unwrapped(self)
+                # the points first, their factorisations checked in one host read before
+                # any weight is written; then the other groups
+                points = {id(x) for x in self.points}
+                groups = self.param_groups
+                ours = [g for g in groups if any(id(p) in points for p in g["params"])]
+                with deferred_checks():
+                    self._base_step(ours)
+                self._base_step([g for g in groups if all(g is not o for o in ours)])
             self._write_points()
         finally:
             for x in self.points:
                 x.grad = None
         return loss
+
+    def _base_step(self, groups: list[dict[str, Any]]) -> None:
+        """The geoopt class's own step on ``groups`` only, without the hook wrapper torch puts
+        on it once that class is instantiated (this class's step is wrapped already, and the
+        step hooks run once)."""
+        if not groups:
+            return
+        every, self.param_groups = self.param_groups, groups
+        try:
+            base = super().step
+            unwrapped = getattr(base, "__wrapped__", None)
+            if unwrapped is None:
+                base()
+            else:
+                unwrapped(self)
+        finally:
+            self.param_groups = every
 
     @torch.no_grad()
     def _start_momentum_at_zero(self) -> None:

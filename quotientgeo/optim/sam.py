@@ -35,6 +35,7 @@ from ..geometry import shards as sh
 from ..geometry.diagnosis import Diagnosis
 from ..geometry.perturbation import BasePoint, BlockChunk, Perturbations, Sums
 from ..geometry.symmetries import geometry_of
+from ..linalg import deferred_checks
 from ..manifolds import EuclideanGeometry, QuotientManifold
 from ..options import Perturbation, checked_metric, option
 from ..validation import positive_real
@@ -177,24 +178,26 @@ class GeodesicSAM(torch.optim.Optimizer):
 
         with diagnosis.located():
             sums, kept, held = Sums(space), {}, 0
-            for part in space.parts():
-                s, g = gradient(part, part.read(weights, dtype))
-                sums.add(part, s.sqnorm(g))
-                # the chunks' gradients (and points) kept for the second pass, within one
-                # chunk's memory; the others computed again there
-                size = 2 * g.numel() * g.element_size()
-                if isinstance(part, BlockChunk) and held + size <= space.chunk_bytes:
-                    kept[id(part)], held = (s, g), held + size
+            with deferred_checks():  # the factorisations checked in one host read
+                for part in space.parts():
+                    s, g = gradient(part, part.read(weights, dtype))
+                    sums.add(part, s.sqnorm(g))
+                    # the chunks' gradients (and points) kept for the second pass, within one
+                    # chunk's memory; the others computed again there
+                    size = 2 * g.numel() * g.element_size()
+                    if isinstance(part, BlockChunk) and held + size <= space.chunk_bytes:
+                        kept[id(part)], held = (s, g), held + size
             norm = sums.total()
             scale = rho / (norm.sqrt() + torch.finfo(norm.dtype).tiny)
             # the weights as they are; then each part's step, read from them
             self._origin = {name: t.clone() for name, t in weights.items()}
             try:
-                for part in space.parts():
-                    s, g = kept.pop(id(part), None) or gradient(
-                        part, part.read(self._origin, dtype)
-                    )
-                    part.write_(weights, s.move(g * scale))
+                with deferred_checks():  # (the factors are the first pass's: none are new)
+                    for part in space.parts():
+                        s, g = kept.pop(id(part), None) or gradient(
+                            part, part.read(self._origin, dtype)
+                        )
+                        part.write_(weights, s.move(g * scale))
             except BaseException:
                 self.restore()
                 raise

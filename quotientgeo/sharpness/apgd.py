@@ -99,11 +99,6 @@ def step_coefficients(K: Tensor, eta: float, rho: float, *, first: bool) -> Tens
     return into_ball(a * z + momentum)
 
 
-def host_tracking(device: torch.device) -> bool:
-    """Track the best point with host comparisons (free on CPU) rather than on the device."""
-    return device.type == "cpu"
-
-
 def auto_pgd(
     iterates: Iterates,
     *,
@@ -120,60 +115,61 @@ def auto_pgd(
         rho: radius; n_iter: iterations (``n_iter + 1`` evaluations, the last without
             gradient; at a restart from an earlier best point the current iterate's gradient
             is not taken, and the best point is evaluated again with its gradient).
-        check: called with the values so far at the checkpoints and at the end (to fail early
-            on non-finite values).
+        check: called with the values so far where they are found not all finite (at the
+            start and at the checkpoints), and with all of them at the end (to fail early on
+            non-finite values).
         advance: called once per iteration (a progress bar).
 
-    On an accelerator the comparison with the best value stays on the device (``torch.where``,
-    and :meth:`Iterates.keep_best` gets a 0-dim tensor that the iterates read on the host when
-    the device has later work queued), so that no iteration waits for the device's queue to
-    empty; only the checkpoints synchronise: each reads its restart decision (stalled or frozen,
-    computed on the device) in one host read, after ``check``.
+    One code path on every device, at most one host read per iteration: the comparison with
+    the best value, the count of improving steps and the restart decision are computed on the
+    device (``torch.where``); between checkpoints :meth:`Iterates.keep_best` gets the 0-dim
+    comparison, which the iterates read once, when it costs least (at once on the CPU, once
+    the backward pass is queued on an accelerator); at a checkpoint the comparison, the
+    restart decision (stalled or frozen) and whether the values so far are finite are read
+    together, in one host read.
     """
     marks = set(checkpoints(n_iter))
     eta, prev_eta, prev_cp = 2.0 * rho, 2.0 * rho, 0
-    losses = best = n_updates = improved = None
-    on_host, prev_best = True, None
+    losses = best = n_updates = prev_best = None
     for k in range(n_iter + 1):
         last = k == n_iter
         loss = iterates.value(k, not last)
+        keep: Tensor | bool
         if k == 0:
             losses = torch.empty(n_iter + 1, dtype=loss.dtype, device=loss.device)
             n_updates = torch.zeros((), dtype=torch.int64, device=loss.device)
-            on_host = host_tracking(loss.device)
             losses[0] = loss
-            check(losses[:1])
-            best, improved, prev_best = loss, True, loss
+            if not bool(torch.isfinite(loss)):
+                check(losses[:1])
+            best, keep, prev_best = loss, True, loss
         else:
             assert losses is not None and best is not None and n_updates is not None
             losses[k] = loss
-            better = loss > best
-            n_updates += better
-            if on_host:
-                improved = bool(better)
-                best = loss if improved else best
-            else:
-                improved, best = better, torch.where(better, loss, best)
-        assert improved is not None and losses is not None and n_updates is not None
-        iterates.keep_best(improved)
+            keep = loss > best
+            n_updates += keep
+            best = torch.where(keep, loss, best)
+        assert losses is not None and n_updates is not None and prev_best is not None
+        restart = False
+        if k in marks and not last:
+            # stalled, or frozen (neither the step nor the best value changed)
+            stalled = n_updates < MIN_UPDATE_RATIO * (k - prev_cp)
+            if prev_eta == eta:
+                stalled = stalled | (best == prev_best)
+            finite = torch.isfinite(losses[: k + 1]).all()
+            code = int(keep + 2 * stalled + 4 * ~finite)  # the one host read
+            keep, restart = bool(code & 1), bool(code & 2)
+            if code & 4:
+                check(losses[: k + 1])
+            prev_eta, prev_best, prev_cp = eta, best, k
+            n_updates.zero_()
+        iterates.keep_best(keep)
         if last:
             break
         advance()
-        restarted = False
-        if k in marks:
-            check(losses[: k + 1])
-            # stalled, or frozen (neither the step nor the best value changed): computed on
-            # the device and read in one host read
-            restart = n_updates < MIN_UPDATE_RATIO * (k - prev_cp)
-            if prev_eta == eta:
-                restart = restart | (best == prev_best)
-            prev_eta, prev_best, prev_cp = eta, best, k
-            n_updates.zero_()
-            if bool(restart):
-                eta *= 0.5
-                iterates.restart(bool(improved), k)
-                restarted = True
-        if not restarted:
+        if restart:
+            eta *= 0.5
+            iterates.restart(bool(keep), k)
+        else:
             iterates.gradient()
         c = step_coefficients(iterates.gram(), eta, rho, first=k == 0)
         iterates.advance(c)

@@ -195,7 +195,7 @@ class Objective:
         """The piece's entries of the current iterate ``ξ_k`` (compute dtype; a view of
         ``current`` where it is held there)."""
         if all(seg.name not in self.current for seg in piece.segments):  # read off the weights
-            return piece.read(self.weights, self.dtype) - piece.read(self.x0, self.dtype)
+            return piece.difference(self.weights, self.x0, self.dtype)
         parts = [
             seg.of(self.current[seg.name]).to(self.dtype)
             if seg.name in self.current
@@ -214,8 +214,7 @@ class Objective:
         for piece in self.space.pieces:
             if names.isdisjoint(piece.names):
                 continue
-            moved = piece.read(self.x0, self.dtype) + piece.read(source, self.dtype)
-            piece.write_(self.weights, moved, names)
+            piece.write_sum_(self.weights, self.x0, piece.read(source, self.dtype), names)
         if not first_order:
             self._move_blocks_(source)
 
@@ -381,13 +380,13 @@ class Objective:
                 if best_is_previous and previous[name] is self.previous[name]:
                     previous[name] = _fresh(self.previous[name])
             xi = self._xi(piece)
-            new = xi * c0 + piece.read(self.previous, self.dtype) * c1
-            new += piece.read(grads, self.dtype) * c2
+            new = xi * c0
+            new.addcmul_(piece.read(self.previous, self.dtype), c1)
+            new.addcmul_(piece.read(grads, self.dtype), c2)
             piece.write_(previous, xi)
             piece.write_(target, new, target)
             if not self.straight.isdisjoint(piece.names):
-                moved = piece.read(self.x0, self.dtype) + new
-                piece.write_(self.weights, moved, self.straight)
+                piece.write_sum_(self.weights, self.x0, new, self.straight)
             for name in piece.names:
                 if self._last_piece[name] == i:
                     del grads[name]
@@ -403,17 +402,21 @@ class Objective:
         self._move_blocks_(self.current)
 
     def keep_best(self, keep: Tensor | bool) -> None:
-        """``best ← ξ_k`` where ``keep``. A ``bool`` (a host decision) takes effect at once: the
-        best point *is* ``ξ_k`` from now, and a best point of its own is freed before the
-        backward pass. A 0-dim tensor (a decision computed on an accelerator) is read on the
-        host once the backward pass is queued behind it: by the step (:meth:`advance`), a
-        restart, or the end of the run."""
+        """``best ← ξ_k`` where ``keep``. A ``bool`` takes effect at once: the best point *is*
+        ``ξ_k`` from now, and a best point of its own is freed before the backward pass. A
+        0-dim tensor (the comparison, computed on the device) is read on the host once, when
+        that costs least (:func:`host_tracking`): at once where the device is the host (then
+        as a ``bool``), else once the backward pass is queued behind it: by the step
+        (:meth:`advance`), a restart, or the end of the run."""
         if not self.worst_case or keep is False:
             return
-        if isinstance(keep, bool):
+        if isinstance(keep, Tensor):
+            if not host_tracking(keep.device):
+                self._pending_keep = _HostFlag(keep)
+                return
+            keep = bool(keep)
+        if keep:
             self._best, self.best = "current", None
-        else:
-            self._pending_keep = _HostFlag(keep)
 
     def _decide_on_host(self) -> None:
         """A pending decision of :meth:`keep_best` taken on the host."""
@@ -525,6 +528,12 @@ class Objective:
         if deficient is not None:
             raise ValueError(f"{message}, likely from {deficient}")
         raise ValueError(f"{message}; the model is restored")
+
+
+def host_tracking(device: torch.device) -> bool:
+    """Whether :meth:`Objective.keep_best` reads a comparison on the host at once (free where
+    the device is the host: the CPU) rather than once the backward pass is queued."""
+    return device.type == "cpu"
 
 
 def _recomputes_forward(model: nn.Module) -> bool:

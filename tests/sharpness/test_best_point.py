@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from quotientgeo import adaptive_sharpness, geodesic_sharpness
-from quotientgeo.sharpness import apgd as apgd_module
 from quotientgeo.sharpness import objective as objective_module
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "geometry"))  # the families' tiny models
@@ -39,6 +38,7 @@ class _Book:
         self.count = 0
         self.states: set[str] = set()
         self.restarts_from_earlier = 0
+        self.decided = False  # the last comparison was read at once (a bool, or on the host)
 
     def snapshot(self, obj):
         out = obj.space.empty()
@@ -55,7 +55,7 @@ def _equal(a, b, what):
 
 def _follow(monkeypatch, host: bool) -> _Book:
     book = _Book()
-    names = ("begin", "value", "restart", "gradient", "gram", "advance")
+    names = ("begin", "value", "keep_best", "restart", "gradient", "gram", "advance")
     real = {n: getattr(Objective, n) for n in names}
     real["best_iterate"] = Objective.best_iterate
 
@@ -71,6 +71,10 @@ def _follow(monkeypatch, host: bool) -> _Book:
         if book.best_loss is None or float(loss) > book.best_loss:
             book.best, book.best_loss = book.cur, float(loss)
         return loss
+
+    def keep_best(self, keep):
+        book.decided = host or isinstance(keep, bool)  # Auto-PGD's checkpoints read it at once
+        real["keep_best"](self, keep)
 
     def restart(self, best_is_current, k):
         if not best_is_current:
@@ -93,8 +97,8 @@ def _follow(monkeypatch, host: bool) -> _Book:
         _equal(now, book.cur[1], "ξ_k")
         book.states.add(self._best)
         # a buffer of its own exactly while the best point known to the objective is older
-        # than both iterates (on the host: known since ξ_k was evaluated; else: before)
-        known = book.best if host else book.best_before
+        # than both iterates (read at once: known since ξ_k was evaluated; else: before)
+        known = book.best if book.decided else book.best_before
         own = known is not None and known[0] not in (book.cur[0], book.prev[0])
         assert (self.best is not None) == own, (self._best, own)
         return real["gram"](self)
@@ -108,11 +112,11 @@ def _follow(monkeypatch, host: bool) -> _Book:
         _equal(out, book.best[1], "best")
         return out
 
-    wrappers = [begin, value, restart, gradient, gram, advance, best_iterate]
+    wrappers = [begin, value, keep_best, restart, gradient, gram, advance, best_iterate]
     for fn in wrappers:
         monkeypatch.setattr(Objective, fn.__name__, fn)
     if not host:
-        monkeypatch.setattr(apgd_module, "host_tracking", lambda device: False)
+        monkeypatch.setattr(objective_module, "host_tracking", lambda device: False)
     return book
 
 
@@ -144,7 +148,7 @@ def test_both_paths_give_the_same_perturbation(monkeypatch):
     model, loss_fn = regression("gpt2")
     kw = dict(rho=0.3, n_iter=30, restarts=2, seed=0, progress=False, return_perturbation=True)
     host = geodesic_sharpness(model, loss_fn, [None], metric="mix", **kw)
-    monkeypatch.setattr(apgd_module, "host_tracking", lambda device: False)
+    monkeypatch.setattr(objective_module, "host_tracking", lambda device: False)
     device = geodesic_sharpness(model, loss_fn, [None], metric="mix", **kw)
     assert host.trace == device.trace and host.value == device.value
     assert host.perturbations is not None and device.perturbations is not None

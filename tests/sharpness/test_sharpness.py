@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 import quotientgeo.geometry.perturbation as perturbation_module
 import quotientgeo.sharpness.apgd as apgd_module
+import quotientgeo.sharpness.objective as objective_module
 from quotientgeo.geometry import ParameterGeometry
 from quotientgeo.manifolds import (
     AdaptiveGeometry,
@@ -337,7 +338,7 @@ def test_device_side_tracking_matches_host_tracking(transformer_problem, monkeyp
     model, batches = transformer_problem
     kw = dict(rho=0.05, n_iter=12, restarts=2, seed=1, progress=False)
     host = geodesic_sharpness(model, classification_loss, batches, **kw)
-    monkeypatch.setattr(apgd_module, "host_tracking", lambda device: False)
+    monkeypatch.setattr(objective_module, "host_tracking", lambda device: False)
     device = geodesic_sharpness(model, classification_loss, batches, **kw)
     assert host.worst_losses == device.worst_losses and host.trace == device.trace
     assert host.perturbation_norms == device.perturbation_norms
