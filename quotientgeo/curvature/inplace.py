@@ -81,6 +81,7 @@ class InPlaceLoss:
             if targets and rest is None:
                 torch._foreach_copy_(targets, self._symmetric_base)  # pyright: ignore[reportPrivateImportUsage]
             elif targets:
+                assert rest is not None and xi is not None
                 torch._foreach_copy_(targets, xi)  # pyright: ignore[reportPrivateImportUsage]
                 torch._foreach_mul_(targets, rest[2])  # pyright: ignore[reportPrivateImportUsage]
                 torch._foreach_add_(targets, self._symmetric_base)  # pyright: ignore[reportPrivateImportUsage]
@@ -100,10 +101,10 @@ class InPlaceLoss:
                 if out:
                     torch._foreach_copy_(out, xs)  # pyright: ignore[reportPrivateImportUsage]
             else:
-                part, _, s = rest
+                part, z, s = rest
                 vs = [
                     sh.local_part(v.view(params[n].shape), params[n])
-                    for n, v in zip(names, zs, strict=False)
+                    for n, v in zip(names, z.split(sizes), strict=False)
                 ]
                 if out:
                     part.displaced_into_(out, xs, vs, s)
@@ -230,7 +231,7 @@ def _shares_memory(t: Tensor, tensors: Sequence[Tensor]) -> bool:
     return any(ptr == u.untyped_storage().data_ptr() for u in tensors)
 
 
-def _subtract_grads(params: list[Tensor], plus: list[Tensor | None]) -> None:
+def _subtract_grads(params: Sequence[Tensor], plus: list[Tensor | None]) -> None:
     """``.grad ← plus - .grad`` parameter by parameter, in one fused subtraction where both
     are there (a fresh gradient instead of one accumulated into ``plus``: autograd then writes
     no sum per parameter)."""

@@ -38,7 +38,7 @@ vector-Jacobian products of the manifolds' Christoffel contractions and projecti
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -276,6 +276,7 @@ class RiemannianHessian(_SymmetricOperator):
         keeps only the symmetry blocks' part of it: it takes the gradient again (one pass per
         batch) when this is read."""
         if self._gradient is None:
+            assert isinstance(self._loss, InPlaceLoss)  # the one that keeps only the blocks' part
             _, (points, w) = self._loss.gradient(advance=self._advance)
             return self._join([*points, w])
         return self._join(self._gradient)
@@ -353,7 +354,7 @@ class RiemannianHessian(_SymmetricOperator):
         hv = self._loss.hvp(self._points, self._w, xis, advance=self._advance)
         return [self._connected(h, xi) for h, xi in zip(hv, xis, strict=True)]
 
-    def _connected(self, hv: list[Tensor], xi: list[Tensor]) -> list[Tensor]:
+    def _connected(self, hv: list[Tensor], xi: Sequence[Tensor | None]) -> list[Tensor]:
         """``∇²f ξ - c(ξ)`` from ``hv = ∇²f ξ`` (``c`` subtracted in place where it is not
         zero)."""
         out = []
