@@ -159,6 +159,20 @@ class Config:
     resamples: int
     progress: bool = True
 
+    @classmethod
+    def of_study(cls, study: str, base: Any, populations: Callable[..., list[Population]]):
+        """The rows of ``study`` from its config ``base`` (its seed, bootstrap resamples,
+        progress and quick mode, which takes :meth:`Settings.quick`)."""
+        return cls(
+            study=study,
+            base=base,
+            populations=populations,
+            settings=Settings.quick() if base.quick else Settings(),
+            seed=base.seed,
+            resamples=base.size.resamples,
+            progress=base.progress,
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class PopulationRecords:

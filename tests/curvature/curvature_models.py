@@ -60,3 +60,24 @@ def tiny_transformer(seed=0):
     torch.manual_seed(seed)
     model = TinyTransformerClassifier(d=8, heads=2, layers=1, dim_feedforward=8).double()
     return model, random_batches(2, batch=6, seq=3, d=8, seed=seed)
+
+
+class WithNorm(nn.Module):
+    """A two-factor layer, then a batch norm (buffers that a forward in train mode updates)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pair = TwoFactor(bias=True)
+        self.norm = nn.BatchNorm1d(4).double()
+
+    def forward(self, x):
+        return self.norm(self.pair(x))
+
+
+def snapshot(model):
+    """Weights and buffers (copied), each parameter with its ``.grad``, the modules' modes."""
+    return (
+        {k: v.clone() for k, v in model.state_dict().items()},
+        [(p, p.grad) for p in model.parameters()],
+        [m.training for m in model.modules()],
+    )

@@ -8,29 +8,10 @@ import copy
 
 import pytest
 import torch
-from curvature_models import TwoFactor, cubic_loss, data
-from torch import nn
+from curvature_models import WithNorm, cubic_loss, data, snapshot
 
 import quotientgeo as qg
 from quotientgeo.curvature import RiemannianHessian
-
-
-class WithNorm(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.pair = TwoFactor(bias=True)
-        self.norm = nn.BatchNorm1d(4).double()
-
-    def forward(self, x):
-        return self.norm(self.pair(x))
-
-
-def snapshot(model):
-    return (
-        {k: v.clone() for k, v in model.state_dict().items()},
-        [(p, p.grad) for p in model.parameters()],
-        [m.training for m in model.modules()],
-    )
 
 
 def geometry_of(model):

@@ -102,16 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def curvature_config(args: argparse.Namespace) -> _curvature.Config:
     """The curvature rows of the study's population, in both scopes (:mod:`.._curvature`)."""
-    base = _config(args)
-    return _curvature.Config(
-        study="lora",
-        base=base,
-        populations=curvature_populations,
-        settings=_curvature.Settings.quick() if base.quick else _curvature.Settings(),
-        seed=base.seed,
-        resamples=base.size.resamples,
-        progress=base.progress,
-    )
+    return _curvature.Config.of_study("lora", _config(args), curvature_populations)
 
 
 def run(args: argparse.Namespace) -> int:

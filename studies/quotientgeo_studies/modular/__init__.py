@@ -68,16 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def curvature_config(args: argparse.Namespace) -> _curvature.Config:
     """The curvature rows of the study's population (:mod:`.._curvature`)."""
-    base = _config(args)
-    return _curvature.Config(
-        study="modular",
-        base=base,
-        populations=curvature_populations,
-        settings=_curvature.Settings.quick() if base.quick else _curvature.Settings(),
-        seed=base.seed,
-        resamples=base.size.resamples,
-        progress=base.progress,
-    )
+    return _curvature.Config.of_study("modular", _config(args), curvature_populations)
 
 
 def run(args: argparse.Namespace) -> int:
