@@ -15,51 +15,21 @@ import copy
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import transformers as hf
 from torch.distributed.fsdp import fully_shard
 
 import quotientgeo as qg
 from quotientgeo.curvature import RiemannianHessian
 
+# the same tiny BERT and Llama as the sharded sharpness measures (tests/geometry/fsdp_worker.py)
+sys.path.insert(0, str(Path(__file__).parents[1] / "geometry"))
+from fsdp_worker import MODELS
+
 DT = torch.float64
 FD = dict(product="finite_difference", progress=False)
-
-
-def bert() -> torch.nn.Module:
-    """Width 12, 3 heads: with 2 ranks, head 1's query rows straddle the shards."""
-    torch.manual_seed(0)
-    config = hf.BertConfig(
-        vocab_size=40, hidden_size=12, num_hidden_layers=2, num_attention_heads=3,
-        intermediate_size=20, max_position_embeddings=12, attn_implementation="eager",
-    )  # fmt: skip
-    return hf.BertModel(config).to(DT).eval()
-
-
-def llama() -> torch.nn.Module:
-    """Grouped-query attention (6 query heads, 2 key/value heads) and rotary embeddings."""
-    torch.manual_seed(0)
-    config = hf.LlamaConfig(
-        vocab_size=40, hidden_size=24, num_hidden_layers=2, num_attention_heads=6,
-        num_key_value_heads=2, intermediate_size=32, max_position_embeddings=16,
-    )  # fmt: skip
-    return hf.LlamaForCausalLM(config).to(DT).eval()
-
-
-def bert_loss(model, ids):
-    return model(input_ids=ids).last_hidden_state.square().mean()
-
-
-def llama_loss(model, ids):
-    return model(input_ids=ids, labels=ids).loss
-
-
-MODELS = {
-    "bert": (bert, bert_loss, lambda m: m.encoder.layer),
-    "llama": (llama, llama_loss, lambda m: m.model.layers),
-}
 
 
 def figures(model, loss_fn, batches) -> dict:
