@@ -99,3 +99,22 @@ def test_hessian_product_on_cuda_equals_cpu(product):
     torch.testing.assert_close(
         products[1], products[0], rtol=rtol, atol=rtol * products[0].abs().max().item()
     )
+
+
+def test_cost_counter_counts_the_wait_not_the_non_blocking_copy():
+    """A blocking copy to the host is a host read; a non-blocking one into pinned memory is
+    not, the read of its value afterwards is."""
+    from quotientgeo.bench.cost import CostCounter
+
+    flag = torch.ones((), device="cuda") > 0
+    with CostCounter() as c:
+        flag.cpu()
+    assert c.host_reads == 1
+    pinned = torch.empty((), dtype=torch.bool, pin_memory=True)
+    with CostCounter() as c:
+        pinned.copy_(flag, non_blocking=True)
+    assert c.host_reads == 0
+    torch.cuda.synchronize()
+    with CostCounter() as c:
+        assert bool(pinned)
+    assert c.host_reads == 1

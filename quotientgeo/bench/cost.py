@@ -12,9 +12,10 @@ CPU and on CUDA. It counts
   ``float()``, ``int()`` of a tensor), ``is_nonzero``, ``equal``, ``nonzero`` and the other
   operators whose output size depends on the values (``masked_select``, ``unique``, indexing
   with a boolean mask), the linear algebra that checks its result on the host
-  (``_linalg_check_errors``, ``_linalg_eigh``), and any copy from a device to the CPU. Reads
-  of a tensor's memory that bypass the dispatcher (``tolist()`` of a CPU tensor, ``numpy()``)
-  are not seen;
+  (``_linalg_check_errors``, ``_linalg_eigh``), and any blocking copy from a device to the
+  CPU (a ``non_blocking`` one does not make the host wait: the read of its value afterwards is
+  the one counted). Reads of a tensor's memory that bypass the dispatcher (``tolist()`` of a
+  CPU tensor, ``numpy()``) are not seen;
 - **bytes**: the bytes of the tensor inputs plus the tensor outputs of every counted
   operator, a proxy for memory traffic (an in-place operator counts the tensor it writes as an
   input and as an output, once, whether or not it returns it).
@@ -91,10 +92,20 @@ def _is_host_read(func, args, kwargs, out) -> bool:
         return True
     if func is aten.index.Tensor:  # indexing with a boolean mask (its size is data dependent)
         return any(t.dtype == torch.bool for t in _tensors(args[1]))
+    if _non_blocking(func, args, kwargs):  # the host waits later, where it reads the value
+        return False
     inputs, outputs = _tensors((args, kwargs)), _tensors(out)
     return any(t.device.type != "cpu" for t in inputs) and any(
         t.device.type == "cpu" for t in outputs
     )
+
+
+def _non_blocking(func, args, kwargs) -> bool:
+    """Whether a copy was asked not to block (``non_blocking=True``)."""
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name == "non_blocking":
+            return bool(kwargs.get(arg.name, args[i] if i < len(args) else False))
+    return False
 
 
 class CostCounter(TorchDispatchMode):
