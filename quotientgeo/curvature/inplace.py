@@ -228,7 +228,7 @@ class InPlaceLoss:
     def difference(
         self,
         w: Tensor,
-        xi: Sequence[Tensor],
+        xi: list[Tensor],
         rest: tuple[Any, Tensor],
         t: Tensor,
         advance: Callable[[], object] = lambda: None,
@@ -237,9 +237,12 @@ class InPlaceLoss:
         :meth:`base` (``w`` its adaptive vector): ``xi`` the symmetry blocks' points of ``ξ``,
         ``rest = (part, z)`` the adaptive rest's part and whitened vector (``ξ_w = T z``,
         formed in the parameters, :meth:`_write`); ``t`` a scalar tensor, never read on the
-        host. The base point is written back at the end."""
+        host. ``xi`` is emptied once the displaced weights are written (a caller that holds no
+        other reference to the blocks' ``ξ`` has them freed before the second backward pass).
+        The base point is written back at the end."""
         with torch.no_grad():
             xi_params = self._block_xi(xi)
+        xi.clear()
         with model_state_preserved(self.model), torch.enable_grad():
             try:
                 plus: list[Tensor | None] = []

@@ -188,7 +188,7 @@ def _congruent(
 
 def _gather_stacked(found: list[Block], tensors: Mapping[str, Tensor], dtype) -> Tensor:
     """:func:`gather_blocks` of congruent blocks (:func:`_congruent`): the points allocated
-    once and each region of every block copied into them in one ``_foreach_copy_`` (its
+    once and every region of every block copied into them in one ``_foreach_copy_`` (its
     heads' factors as views, :meth:`Region.factor_parts`); parameters of another dtype than
     ``dtype``: each region stacked, its heads' factors formed in one batch, one
     concatenation."""
@@ -202,11 +202,14 @@ def _gather_stacked(found: list[Block], tensors: Mapping[str, Tensor], dtype) ->
         k, h = sum(r.k for r in first.regions), first.regions[0].width
         out = torch.empty((n * heads, k, h), dtype=dtype, device=values[0][0].device)
         y, start = out.view(n, heads, k, h), 0
+        targets: list[Tensor] = []
+        sources: list[Tensor] = []
         for r, region in zip(first.regions, values, strict=True):
             target = y[:, :, start : start + r.k].unflatten(-2, (r.group, r.k // r.group))
-            sources = [r.factor_parts(v, heads) for v in region]
-            torch._foreach_copy_(list(target.unbind(0)), sources)  # pyright: ignore[reportPrivateImportUsage]
+            targets += target.unbind(0)
+            sources += [r.factor_parts(v, heads) for v in region]
             start += r.k
+        torch._foreach_copy_(targets, sources)  # pyright: ignore[reportPrivateImportUsage]
         return out
     for j, r in enumerate(first.regions):
         region = torch.stack([b.regions[j].of(tensors[b.regions[j].name].detach()) for b in found])
