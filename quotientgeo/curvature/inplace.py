@@ -11,11 +11,18 @@ difference
 
     ``(∇f(x + tξ) - ∇f(x - tξ)) / (2t)``
 
-is accumulated in the ``.grad`` tensors themselves: after the ``+tξ`` passes they are negated
-and the ``-tξ`` passes add to them, so no gradient is held besides the one autograd writes. The
-base point ``x`` (the coordinates the operator keeps) is written back after every product,
-bit-exactly (the coordinates are the parameters' values in a dtype at least as wide), also on
-an exception; modes, buffers and ``.grad`` are restored as by the sharpness measures.
+is formed in the ``.grad`` tensors: the ``+tξ`` passes' gradients are set aside, the ``-tξ``
+passes write fresh ones (autograd adds nothing per parameter), and one fused subtraction forms
+the difference. Holding the first gradient through the second backward pass costs one copy of
+the parameters at that pass's peak, which falls at its start (the loss's and the output
+layer's gradients, before any parameter's gradient is formed); accumulating the second
+gradient into the first would hold the same copy there and add an operator per parameter. The
+symmetry blocks' displaced entries are written through views of their regions
+(:func:`~quotientgeo.geometry.transfer.block_views`), from ``ξ`` and ``x`` in coordinates:
+nothing of the blocks is copied into parameter layout. The base point ``x`` (the coordinates
+the operator keeps) is written back after every product, bit-exactly (the coordinates are the
+parameters' values in a dtype at least as wide), also on an exception; modes, buffers and
+``.grad`` are restored as by the sharpness measures.
 
 On a model sharded with FSDP2 every rank holds the whole coordinates: the gradient's local
 parts are all-gathered into them and each rank writes its local part of the displaced
