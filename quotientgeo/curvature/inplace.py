@@ -11,11 +11,18 @@ difference
 
     ``(∇f(x + tξ) - ∇f(x - tξ)) / (2t)``
 
-is accumulated in the ``.grad`` tensors themselves: after the ``+tξ`` passes they are negated
-and the ``-tξ`` passes add to them, so no gradient is held besides the one autograd writes. The
-base point ``x`` (the coordinates the operator keeps) is written back after every product,
-bit-exactly (the coordinates are the parameters' values in a dtype at least as wide), also on
-an exception; modes, buffers and ``.grad`` are restored as by the sharpness measures.
+is formed in the ``.grad`` tensors: the ``+tξ`` passes' gradients are set aside, the ``-tξ``
+passes write fresh ones (autograd adds nothing per parameter), and one fused subtraction forms
+the difference. Holding the first gradient through the second backward pass costs one copy of
+the parameters at that pass's peak, which falls at its start (the loss's and the output
+layer's gradients, before any parameter's gradient is formed); accumulating the second
+gradient into the first would hold the same copy there and add an operator per parameter. The
+symmetry blocks' displaced entries are written through views of their regions
+(:func:`~quotientgeo.geometry.transfer.block_views`), from ``ξ`` and ``x`` in coordinates:
+nothing of the blocks is copied into parameter layout. The base point ``x`` (the coordinates
+the operator keeps) is written back after every product, bit-exactly (the coordinates are the
+parameters' values in a dtype at least as wide), also on an exception; modes, buffers and
+``.grad`` are restored as by the sharpness measures.
 
 On a model sharded with FSDP2 every rank holds the whole coordinates: the gradient's local
 parts are all-gathered into them and each rank writes its local part of the displaced
@@ -32,6 +39,7 @@ import torch
 
 from ..geometry import ParameterGeometry
 from ..geometry import shards as sh
+from ..geometry.transfer import block_views
 from ..sharpness.state import model_state_preserved
 
 Tensor = torch.Tensor
@@ -65,18 +73,32 @@ class InPlaceLoss:
         self.dtype = geometry.compute_dtype
         #: Batch passes run so far (a forward and a backward pass each).
         self.passes = 0
+        self._views: tuple[list[Tensor], list[Tensor]] | None = None  # set by base()
 
     # ------------------------------------------------------------------ parameters
     def _write(self, w: Tensor, rest: tuple[Any, Tensor, Tensor] | None = None, xi=None) -> None:
         """Write the base point into the parameters (their local parts) in place, or with
-        ``rest = (part, z, s)`` and ``xi`` (the symmetry blocks' ``ξ`` in parameter layout,
-        local parts) the point displaced by ``s ξ``: the symmetry blocks' parameters
-        ``x + s ξ`` and the adaptive entries ``w + s · T z`` (``part.displaced_into_``), each
-        formed in the parameters themselves in a few fused operations, no vector of the
-        model's size besides; the partly covered parameters entry by entry."""
+        ``rest = (part, z, s)`` and ``xi`` (the symmetry blocks' ``ξ``: :meth:`_block_xi`) the
+        point displaced by ``s ξ``: the symmetry blocks' parameters ``x + s ξ`` and the
+        adaptive entries ``w + s · T z`` (``part.displaced_into_``), each formed in the
+        parameters themselves in a few fused operations, no vector of the model's size
+        besides; the partly covered parameters entry by entry. The blocks' entries are
+        written through views of every region (:func:`~quotientgeo.geometry.transfer.block_views`:
+        ``ξ`` and ``x`` read in their coordinates, three operators for all of them), or, where
+        a region is no view of its parameter or the parameters are sharded, from whole
+        parameters in their layout (``ξ`` scattered, ``x`` kept so)."""
         geometry, plan = self.geometry, self.geometry.plan
         params = geometry.params
         with torch.no_grad():
+            if self._views is not None:  # the blocks' regions, written through views
+                in_params, in_base = self._views
+                if in_params and rest is None:
+                    torch._foreach_copy_(in_params, in_base)  # pyright: ignore[reportPrivateImportUsage]
+                elif in_params:
+                    assert rest is not None and xi is not None
+                    torch._foreach_copy_(in_params, xi)  # pyright: ignore[reportPrivateImportUsage]
+                    torch._foreach_mul_(in_params, rest[2])  # pyright: ignore[reportPrivateImportUsage]
+                    torch._foreach_add_(in_params, in_base)  # pyright: ignore[reportPrivateImportUsage]
             targets = [sh.local(params[n]) for n in self._symmetric]
             if targets and rest is None:
                 torch._foreach_copy_(targets, self._symmetric_base)  # pyright: ignore[reportPrivateImportUsage]
@@ -162,6 +184,13 @@ class InPlaceLoss:
         base point, new tensors."""
         whole = {n: sh.full(sh.local(p), p) for n, p in zip(self.names, self.params, strict=True)}
         points, w = self.geometry.gather(whole, dtype=self.dtype)
+        # the blocks' regions as views of the parameters and of ``points`` (``None``: the
+        # parameters written whole, from a copy in their layout)
+        if not sh.sharded_parameters(self.params):
+            self._views = block_views(self.geometry.plan, points, self._tensors)
+        if self._views is not None:
+            self._symmetric, self._symmetric_base = [], []
+            return points, w
         # the symmetry blocks' parameters as they are (local parts): the restoring copy
         symmetric = self._local_symmetric(points)
         self._symmetric = list(symmetric)
@@ -170,6 +199,21 @@ class InPlaceLoss:
         ]
         del symmetric
         return points, w
+
+    @property
+    def _tensors(self) -> dict[str, Tensor]:
+        """The parameters by name, detached (in-place writes reach them)."""
+        return {n: p.detach() for n, p in zip(self.names, self.params, strict=True)}
+
+    def _block_xi(self, xi: Sequence[Tensor]) -> list[Tensor]:
+        """The symmetry blocks' ``ξ`` as :meth:`_write` takes it: views of its regions
+        (no copy), or its parameters' local parts (a scatter) where the parameters are
+        written whole."""
+        if self._views is not None:
+            views = block_views(self.geometry.plan, xi, self._tensors)
+            assert views is not None  # as for the base point: same plan and shapes
+            return views[1]
+        return list(self._local_symmetric(xi).values())
 
     def _local_symmetric(self, points: Sequence[Tensor]) -> dict[str, Tensor]:
         """The symmetry blocks' parameters (local parts) scattered from ``points``."""
@@ -191,7 +235,7 @@ class InPlaceLoss:
     def difference(
         self,
         w: Tensor,
-        xi: Sequence[Tensor],
+        xi: list[Tensor],
         rest: tuple[Any, Tensor],
         t: Tensor,
         advance: Callable[[], object] = lambda: None,
@@ -200,9 +244,12 @@ class InPlaceLoss:
         :meth:`base` (``w`` its adaptive vector): ``xi`` the symmetry blocks' points of ``ξ``,
         ``rest = (part, z)`` the adaptive rest's part and whitened vector (``ξ_w = T z``,
         formed in the parameters, :meth:`_write`); ``t`` a scalar tensor, never read on the
-        host. The base point is written back at the end."""
+        host. ``xi`` is emptied once the displaced weights are written (a caller that holds no
+        other reference to the blocks' ``ξ`` has them freed before the second backward pass).
+        The base point is written back at the end."""
         with torch.no_grad():
-            xi_params = list(self._local_symmetric(xi).values())
+            xi_params = self._block_xi(xi)
+        xi.clear()
         with model_state_preserved(self.model), torch.enable_grad():
             try:
                 plus: list[Tensor | None] = []

@@ -325,8 +325,10 @@ class RiemannianHessian(_SymmetricOperator):
         """``(∇f(x + tξ) - ∇f(x - tξ)) / (2t) = ∇²f ξ + O(t²)`` (central difference) for the
         tangent vector ``ξ`` of whitened ``z``; ``xi`` holds its parts that are formed (the
         symmetry blocks'), ``None`` where a part forms ``x ± tξ`` from ``z`` itself (the
-        element-wise ones, so that no vector of the adaptive rest's size is held). The step
-        stays on the device: ``t = step (1 + ‖x‖_∞) / ‖ξ‖_∞`` (``ξ = 0`` gives ``0``)."""
+        element-wise ones, so that no vector of the adaptive rest's size is held). ``xi`` is
+        emptied: a caller that holds no other reference lets the passes free the blocks' ``ξ``
+        once the displaced weights are written. The step stays on the device:
+        ``t = step (1 + ‖x‖_∞) / ‖ξ‖_∞`` (``ξ = 0`` gives ``0``)."""
         size = _max_abs(
             [
                 p.tangent_into(zp, torch.empty_like(zp)) if v is None else v
@@ -345,6 +347,7 @@ class RiemannianHessian(_SymmetricOperator):
             p.tangent(zp) if v is None else v
             for p, zp, v in zip(self.parts[:-1], z, xi, strict=False)
         ]
+        xi.clear()  # given up by the caller: the passes empty points_xi once written
         points, w = self._loss.difference(self._w, points_xi, rest, t, self._advance)
         return [*points, w]
 
@@ -400,9 +403,16 @@ class RiemannianHessian(_SymmetricOperator):
 
     def _finite_difference_column(self, z: Tensor) -> Tensor:
         """``A z`` by the central difference (:meth:`_difference`): the symmetry blocks'
-        tangent ``P^h T z`` formed with its graph (its adjoint is its vector-Jacobian product),
-        the element-wise parts' ``T`` applied where needed, each into the tensor it fills."""
+        tangent ``P^h T z`` formed twice, without a graph for the displaced weights (freed
+        before the second backward pass, the peak) and with its graph after the passes (its
+        adjoint is its vector-Jacobian product; the values are the same), the element-wise
+        parts' ``T`` applied where needed, each into the tensor it fills."""
         zs = self._split(z)
+        with torch.no_grad():
+            formed = [
+                None if p.symmetric else p.tangent(t) for p, t in zip(self.parts, zs, strict=True)
+            ]
+        hv = self._difference(zs, formed)  # empties formed
         leaves: list[Tensor] = []
         xis: list[Tensor | None] = []
         with torch.enable_grad():
@@ -410,9 +420,7 @@ class RiemannianHessian(_SymmetricOperator):
                 leaf = t if part.symmetric else t.detach().requires_grad_(True)
                 leaves.append(leaf)
                 xis.append(None if part.symmetric else part.tangent(leaf))
-        formed = [None if v is None else v.detach() for v in xis]
-        covector = self._connected(self._difference(zs, formed), formed)
-        del formed
+        covector = self._connected(hv, [None if v is None else v.detach() for v in xis])
         out = torch.empty_like(z)
         for part, leaf, xi, c, o in zip(
             self.parts, leaves, xis, covector, self._split(out), strict=True

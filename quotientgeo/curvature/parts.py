@@ -147,6 +147,7 @@ class QuotientPart(Part):
         self.manifold = manifold
         self.point = manifold.at(x)
         self.gradient = gradient
+        self._half = gradient.new_tensor(0.5)  # the connection's ½, made once
         # the point's h × h factors (Grams, their Cholesky factors and inverses), which the
         # point caches, computed here once rather than by the first product
         with torch.no_grad():
@@ -164,8 +165,9 @@ class QuotientPart(Part):
         with torch.enable_grad():
             u = xi.detach().requires_grad_(True)
             form = (self.gradient * self.manifold.christoffel(self.point, u)).sum()
-            (c,) = torch.autograd.grad(form, u)
-        return 0.5 * c
+            # the ½ as the form's cotangent: exact (a power of two), no operator of its own
+            (c,) = torch.autograd.grad(form, u, self._half)
+        return c
 
     def riemannian(self, c: Tensor) -> Tensor:
         return self.manifold.egrad2rgrad(self.point, c)

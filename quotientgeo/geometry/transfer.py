@@ -19,7 +19,7 @@ from .product import span_values
 
 Tensor = torch.Tensor
 
-__all__ = ["gather", "gather_blocks", "scatter", "write_blocks_"]
+__all__ = ["block_views", "gather", "gather_blocks", "scatter", "write_blocks_"]
 
 
 def _mask(plan: Plan, name: str, device: torch.device) -> Tensor:
@@ -127,6 +127,42 @@ def write_blocks_(
         view.edit_(tensors[name], lambda m, puts=puts: [put(m) for put in puts])
 
 
+def block_views(
+    plan: Plan, points: Sequence[Tensor], tensors: Mapping[str, Tensor]
+) -> tuple[list[Tensor], list[Tensor]] | None:
+    """Every region of every block as a pair of views: ``(in_tensors, in_points)``, one entry
+    per region and block, ``in_tensors[i]`` a view of a tensor of ``tensors`` (whole tensors
+    by parameter name, in parameter layout) and ``in_points[i]`` the view of ``points`` (one
+    ``(Σ heads, Σk, h)`` tensor per kind) that :func:`gather` reads it into, both
+    ``(heads, r, c, h)`` (:meth:`~.layout.Region.factor_parts`). Writes into ``in_tensors``
+    write into the tensors: ``torch._foreach_copy_(in_tensors, in_points)`` is
+    :func:`write_blocks_` of every block in one operator. ``None`` where a region is not a
+    view of its tensor (an interleaved or copied view) or a kind is a product."""
+    in_tensors: list[Tensor] = []
+    in_points: list[Tensor] = []
+    for kind, y in zip(plan.kinds, points, strict=True):
+        if kind.product is not None:
+            return None
+        offset = 0
+        for bi in kind.blocks:
+            block = plan.blocks[bi]
+            heads, start = block.heads, 0
+            for r in block.regions:
+                t = tensors[r.name]
+                view = r.factor_parts(r.of(t), heads)
+                if view.untyped_storage().data_ptr() != t.untyped_storage().data_ptr():
+                    return None
+                piece = y[offset : offset + heads, start : start + r.k]
+                piece = piece.unflatten(-2, (r.group, r.k // r.group))
+                if piece.shape != view.shape:
+                    return None
+                in_tensors.append(view)
+                in_points.append(piece)
+                start += r.k
+            offset += heads
+    return in_tensors, in_points
+
+
 def _congruent(
     plan: Plan, kind: int, blocks: range, tensors: Mapping[str, Tensor]
 ) -> list[Block] | None:
@@ -152,7 +188,7 @@ def _congruent(
 
 def _gather_stacked(found: list[Block], tensors: Mapping[str, Tensor], dtype) -> Tensor:
     """:func:`gather_blocks` of congruent blocks (:func:`_congruent`): the points allocated
-    once and each region of every block copied into them in one ``_foreach_copy_`` (its
+    once and every region of every block copied into them in one ``_foreach_copy_`` (its
     heads' factors as views, :meth:`Region.factor_parts`); parameters of another dtype than
     ``dtype``: each region stacked, its heads' factors formed in one batch, one
     concatenation."""
@@ -166,11 +202,14 @@ def _gather_stacked(found: list[Block], tensors: Mapping[str, Tensor], dtype) ->
         k, h = sum(r.k for r in first.regions), first.regions[0].width
         out = torch.empty((n * heads, k, h), dtype=dtype, device=values[0][0].device)
         y, start = out.view(n, heads, k, h), 0
+        targets: list[Tensor] = []
+        sources: list[Tensor] = []
         for r, region in zip(first.regions, values, strict=True):
             target = y[:, :, start : start + r.k].unflatten(-2, (r.group, r.k // r.group))
-            sources = [r.factor_parts(v, heads) for v in region]
-            torch._foreach_copy_(list(target.unbind(0)), sources)  # pyright: ignore[reportPrivateImportUsage]
+            targets += target.unbind(0)
+            sources += [r.factor_parts(v, heads) for v in region]
             start += r.k
+        torch._foreach_copy_(targets, sources)  # pyright: ignore[reportPrivateImportUsage]
         return out
     for j, r in enumerate(first.regions):
         region = torch.stack([b.regions[j].of(tensors[b.regions[j].name].detach()) for b in found])

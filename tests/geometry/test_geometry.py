@@ -662,3 +662,35 @@ def test_parts_read_and_write_like_the_geometry(case):
     ``scatter`` do (``quotientgeo.testing.assertions``'s
     :func:`assert_parts_read_and_write_like_the_geometry`)."""
     assert_parts_read_and_write_like_the_geometry(_layout_cases()[case]())
+
+
+@pytest.mark.parametrize("case", list(_layout_cases()))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_block_views_write_points_as_scatter_does(case, seed):
+    """``block_views`` pairs every region of every block in the parameters with its place in
+    the points: one ``_foreach_copy_`` through them writes random points into copies of the
+    parameters as ``scatter`` forms them, and the reverse copy reads them as ``gather``."""
+    from quotientgeo.geometry.transfer import block_views
+
+    geometry = _layout_cases()[case]()
+    plan = geometry.plan
+    points, _ = geometry.gather()
+    gen = torch.Generator().manual_seed(seed)
+    points = [torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in points]
+    tensors = {n: p.detach().clone() for n, p in geometry.params.items()}
+    views = block_views(plan, points, tensors)
+    if case == "encoder":  # fused in-projections: every region a view of its parameter
+        assert views is not None
+    if views is None:
+        return
+    in_tensors, in_points = views
+    torch._foreach_copy_(in_tensors, in_points)
+    expected = geometry.scatter(points, None)
+    for name in plan.assembly:
+        assert torch.equal(tensors[name], expected[name]), name
+    read = [torch.zeros_like(p) for p in points]
+    back_tensors, back_points = block_views(plan, read, tensors)
+    torch._foreach_copy_(back_points, back_tensors)
+    gathered, _ = geometry.gather(tensors)
+    for r, g in zip(read, gathered, strict=True):
+        assert torch.equal(r, g)
