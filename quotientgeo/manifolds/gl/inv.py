@@ -153,35 +153,18 @@ def inv_geodesics(
     ``h × h`` matrices have one shape (the two factors of one point), the matrix exponentials
     of all of them are two batched calls of :func:`~quotientgeo.linalg.expm`."""
     parts = [
-        _generators(F, xi, L_inv if L_inv is not None else lower_inverse(L))
+        _generators(F, xi, lower_inverse(L) if L_inv is None else L_inv)
         for F, xi, L, L_inv in factors
     ]
-    shapes = {part[0].shape for part in parts}
-    if len(parts) > 1 and len(shapes) > 1:  # nothing to batch
+    if len({part[0].shape for part in parts}) > 1:  # nothing to batch
         return [inv_geodesics([f], t)[0] for f in factors]
     h = factors[0][0].shape[-1]
-    Ms = torch.stack([part[0] for part in parts])
-    Xs = torch.stack([part[1] for part in parts])
-    E = expm(t * Ms)[..., :h]
-    Xt = expm(t * mT(Xs))
-    out = []
-    for i, ((F, xi, L, _), (_, X, S2, d, L_inv)) in enumerate(zip(factors, parts, strict=True)):
-        Ei = torch.cat([E[i, ..., :h, :], d * E[i, ..., h:, :]], -2)  # expm(t M_unbalanced)[:, :h]
-        Y = Ei @ Xt[i]
-        eye = torch.eye(h, dtype=X.dtype, device=X.device).expand_as(X)
-        M = torch.cat(
-            [torch.cat([X - mT(X), -S2], -1), torch.cat([eye, torch.zeros_like(X)], -1)], -2
-        )
-        dY = M @ Y + Y @ mT(X)
-
-        def point(Y: Tensor) -> Tensor:  # [F, ξ] [[R⁻¹, -R⁻¹X], [0, R⁻¹]] Y R with R = Lᵀ
-            Y1, Y2 = Y[..., :h, :], Y[..., h:, :]
-            A = mT(L_inv) @ (Y1 - X @ Y2) @ mT(L)
-            B = mT(L_inv) @ Y2 @ mT(L)
-            return F @ A + xi @ B
-
-        out.append((point(Y), point(dY)))
-    return out
+    E = expm(t * torch.stack([part[0] for part in parts]))[..., :h]
+    Xt = expm(t * mT(torch.stack([part[1] for part in parts])))
+    return [
+        _moved(F, xi, L, *part[1:], E[i], Xt[i])
+        for i, ((F, xi, L, _), part) in enumerate(zip(factors, parts, strict=True))
+    ]
 
 
 def _generators(F: Tensor, xi: Tensor, L_inv: Tensor):
@@ -202,6 +185,28 @@ def _generators(F: Tensor, xi: Tensor, L_inv: Tensor):
         [torch.cat([X - mT(X), -S2 * d], -1), torch.cat([sigma * eye, torch.zeros_like(X)], -1)], -2
     )
     return M, X, S2, d, L_inv
+
+
+def _moved(
+    F: Tensor, xi: Tensor, L: Tensor, X: Tensor, S2: Tensor, d: Tensor, L_inv: Tensor,
+    E: Tensor, Xt: Tensor,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """``(F(t), F'(t))`` of :func:`inv_geodesic` from ``E = expm(t M_balanced)[:, :h]`` and
+    ``Xt = expm(t Xᵀ)``."""
+    h = F.shape[-1]
+    E = torch.cat([E[..., :h, :], d * E[..., h:, :]], -2)  # expm(t M_unbalanced)[:, :h]
+    Y = E @ Xt
+    eye = torch.eye(h, dtype=X.dtype, device=X.device).expand_as(X)
+    M = torch.cat([torch.cat([X - mT(X), -S2], -1), torch.cat([eye, torch.zeros_like(X)], -1)], -2)
+    dY = M @ Y + Y @ mT(X)
+
+    def point(Y: Tensor) -> Tensor:  # [F, ξ] [[R⁻¹, -R⁻¹X], [0, R⁻¹]] Y R with R = Lᵀ
+        Y1, Y2 = Y[..., :h, :], Y[..., h:, :]
+        A = mT(L_inv) @ (Y1 - X @ Y2) @ mT(L)
+        B = mT(L_inv) @ Y2 @ mT(L)
+        return F @ A + xi @ B
+
+    return point(Y), point(dY)
 
 
 def lower_inverse(L: Tensor) -> Tensor:
