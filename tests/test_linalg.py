@@ -171,14 +171,18 @@ def test_conjugate_gradient_zero_rhs_and_matrix_events():
 
 def _old_expm(A: torch.Tensor) -> torch.Tensor:
     """The previous :func:`expm`: one ``s`` for the batch, its largest 1-norm read on the host
-    (the reference the new one must equal to rounding)."""
+    (the reference the new one must equal to rounding): the same Taylor polynomial
+    (``squarings=0``) of ``A / 2ˢ``, squared ``s`` times."""
     norm = float(A.abs().sum(-2).amax(-1).max())
     s = max(0, math.ceil(math.log2(norm / 0.5))) if norm > 0 else 0
-    B = A / 2.0**s
-    E = torch.linalg.matrix_exp(B)
+    E = expm(A / 2.0**s, squarings=0)
     for _ in range(s):
         E = E @ E
     return E
+
+
+def _rel_errs(E: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    return (E - ref).norm(dim=(-2, -1)) / ref.norm(dim=(-2, -1))
 
 
 @given(
@@ -212,22 +216,23 @@ def test_expm_agrees_with_matrix_exp_and_scipy(batch, k, exponents, seed, deferr
     flat = A.reshape(-1, k, k).numpy()
     ref_scipy = torch.from_numpy(np.stack([scipy.linalg.expm(a) for a in flat])).reshape(A.shape)
 
-    def err(ref):
-        return (E - ref).norm(dim=(-2, -1)) / ref.norm(dim=(-2, -1))
-
     # the truncation is a relative backward error (of Aᵢ) of order θ¹²/13!: the forward error
     # grows with ‖Aᵢ‖₁ (the previous algorithm's too); 1e-13 up to ‖Aᵢ‖₁ = 1
     bound = 1e-13 * (10**norms).clamp_min(1)
-    assert (err(ref) <= bound).all() and (err(ref_scipy) <= bound).all()
+    assert (_rel_errs(E, ref) <= bound).all() and (_rel_errs(E, ref_scipy) <= bound).all()
 
 
 @given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 5))
 def test_expm_equals_the_batch_shared_squarings_to_rounding(seed, k):
-    """Against the previous algorithm (one ``s``, the batch's largest): equal to rounding."""
+    """Against the previous algorithm (one ``s``, the batch's largest, so more squarings for
+    the smaller matrices of a batch): equal to rounding, and bit for bit for one matrix."""
     g = gen(seed)
     A = torch.randn(4, k, k, generator=g, dtype=torch.float64)
     A = A * torch.tensor([1e-3, 0.1, 1.0, 10.0], dtype=torch.float64)[:, None, None]
-    assert rel_err(expm(A), _old_expm(A)) <= 1e-13
+    bound = 1e-13 * A.abs().sum(-2).amax(-1).clamp_min(1)
+    assert (_rel_errs(expm(A), _old_expm(A)) <= bound).all()
+    one = A[3:]  # alone in its batch: the same squarings, the same operations
+    assert torch.equal(expm(one), _old_expm(one))
 
 
 def test_expm_gradient_flows():
