@@ -72,6 +72,7 @@ def test_values_equal_those_of_the_host_read_exponential(rho, monkeypatch):
     assert ours.value == pytest.approx(theirs.value, rel=1e-10)
     assert ours.trace[0][0] == pytest.approx(theirs.trace[0][0], rel=1e-10)
     assert ours.perturbation_norms == pytest.approx(theirs.perturbation_norms, rel=1e-10)
+    assert ours.perturbations is not None and theirs.perturbations is not None
     for name, xi in ours.perturbations[0].items():
         torch.testing.assert_close(xi, theirs.perturbations[0][name], rtol=1e-10, atol=1e-12)
 
