@@ -47,8 +47,61 @@ def gram(a: Tensor, eps: float | Tensor = 0.0) -> Tensor:
     return g
 
 
-# the factorisations of the innermost open :func:`deferred_checks` block: (info, what)
-_DEFERRED: contextvars.ContextVar[list[tuple[Tensor, str]] | None] = contextvars.ContextVar(
+class DeferredChecks:
+    """Checks of :func:`cholesky` and :func:`expm` recorded on the device, read on the host later.
+
+    While the object is entered (``with checks:``; it may be entered again, and the innermost
+    entered one records), each of those calls appends a failure flag (a tensor, nonzero where
+    it failed) and its error, and makes no host read. :meth:`failed` is their disjunction, on
+    the device; :meth:`raise_failed` reads it once and raises the first failure's error.
+
+    ``factorisations=False`` defers only :func:`expm`'s checks: a matrix that fails them comes
+    out ``NaN``, so a failure also shows as a non-finite value downstream, and a caller that
+    reads the finiteness of what it computes anyway can read the flag with it (the sharpness
+    maximiser); :func:`cholesky` then checks at once, as outside any block.
+    """
+
+    def __init__(self, *, factorisations: bool = True):
+        self.factorisations = factorisations
+        self.pending: list[tuple[Tensor, Callable[[], Exception]]] = []
+        self._tokens: list[contextvars.Token] = []
+
+    def __enter__(self) -> DeferredChecks:
+        self._tokens.append(_DEFERRED.set(self))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _DEFERRED.reset(self._tokens.pop())
+
+    def record(self, flag: Tensor, error: Callable[[], Exception]) -> None:
+        """A check that failed where ``flag`` is nonzero, with the error it raises."""
+        self.pending.append((flag, error))
+
+    def failed(self) -> Tensor | None:
+        """Whether a recorded check failed (0-dim boolean on the device; ``None``: none
+        recorded). No host read."""
+        return _any_failed(self.pending)
+
+    def raise_failed(self) -> None:
+        """Read the recorded checks (one host read; more only to name a failure), forget them,
+        and raise the error of the first that failed, if any."""
+        pending, self.pending = self.pending, []
+        failed = _any_failed(pending)
+        if failed is None or not bool(failed):
+            return
+        for flag, error in pending:
+            if bool(flag.any()):
+                raise error()
+
+
+def _any_failed(pending: list[tuple[Tensor, Callable[[], Exception]]]) -> Tensor | None:
+    if not pending:
+        return None
+    return torch.cat([flag.reshape(-1) for flag, _ in pending]).any()
+
+
+# the checks of the innermost entered :class:`DeferredChecks`
+_DEFERRED: contextvars.ContextVar[DeferredChecks | None] = contextvars.ContextVar(
     "deferred_checks", default=None
 )
 
@@ -65,11 +118,12 @@ def cholesky(spd: Tensor, what: str = "matrix") -> Tensor:
     """Lower Cholesky factor, re-raising a failure as a ``ValueError`` that names ``what``.
 
     Checked on the host at once (a device synchronisation), except inside
-    :func:`deferred_checks`, which checks every factorisation of its block in one read."""
-    pending = _DEFERRED.get()
-    if pending is not None:
+    :func:`deferred_checks` (a :class:`DeferredChecks` that defers factorisations), which
+    checks every factorisation of its block in one read."""
+    checks = _DEFERRED.get()
+    if checks is not None and checks.factorisations:
         L, info = torch.linalg.cholesky_ex(spd)
-        pending.append((info, what))
+        checks.record(info, functools.partial(_not_positive_definite, what))
         return L
     try:
         return torch.linalg.cholesky(spd)
@@ -79,30 +133,15 @@ def cholesky(spd: Tensor, what: str = "matrix") -> Tensor:
 
 @contextlib.contextmanager
 def deferred_checks() -> Iterator[None]:
-    """A block whose :func:`cholesky` calls do not synchronise: each returns
-    ``torch.linalg.cholesky_ex``'s factor at once, and on leaving the block (without an
-    exception) all of them are checked in one host read; the first that failed raises
-    :func:`cholesky`'s ``ValueError``. What the block computed from a failed factorisation is
-    meaningless: the caller must not let it out before the block is left."""
-    pending: list[tuple[Tensor, str]] = []
-    token = _DEFERRED.set(pending)
-    try:
+    """A block whose :func:`cholesky` and :func:`expm` calls do not synchronise: each returns
+    at once (:func:`cholesky` ``torch.linalg.cholesky_ex``'s factor), and on leaving the block
+    (without an exception) all of them are checked in one host read; the first that failed
+    raises its ``ValueError``. What the block computed from a failed call is meaningless: the
+    caller must not let it out before the block is left."""
+    checks = DeferredChecks()
+    with checks:
         yield
-    finally:
-        _DEFERRED.reset(token)
-    _raise_failed(pending)
-
-
-def _raise_failed(pending: list[tuple[Tensor, str]]) -> None:
-    """The ``ValueError`` of the first failed factorisation of ``pending``, if any (one host
-    read; more only to name a failure)."""
-    if not pending:
-        return
-    if not bool(torch.cat([info.reshape(-1) for info, _ in pending]).any()):
-        return
-    for info, what in pending:
-        if bool(info.any()):
-            raise _not_positive_definite(what)
+    checks.raise_failed()
 
 
 def cholesky_inverse(L: Tensor) -> Tensor:
@@ -211,24 +250,69 @@ def conjugate_gradient(
 
 
 _TAYLOR_THETA = 0.5  # ‖A‖₁ after scaling: degree-12 truncation error ≤ θ¹³/13! ≈ 2e-14
+#: The squarings :func:`expm` allows itself where it reads nothing on the host (inside
+#: :class:`DeferredChecks`): 1-norms up to ``θ·2⁶ = 32``.
+DEFERRED_SQUARINGS = 6
 
 
-def expm(A: Tensor) -> Tensor:
-    """Batched matrix exponential: degree-12 Taylor polynomial, scaling and squaring.
+def _expm_too_long(bound: int) -> ValueError:
+    return ValueError(
+        f"expm: a matrix has a 1-norm above {_TAYLOR_THETA * 2.0**bound:g} (or non-finite "
+        f"entries), more than the {bound} squarings allowed inside deferred checks: a "
+        "geodesic step this long (many radians) is no small perturbation; shorten it, or call "
+        "outside deferred_checks(), where the squarings are counted on the host"
+    )
 
-    ``expm(A) = p(A / 2ˢ)^(2ˢ)`` with ``p`` the Taylor polynomial of degree 12, evaluated by
-    Paterson–Stockmeyer in six matrix products, and ``s = ⌈log₂(‖A‖₁ / θ)⌉₊`` (``θ = 0.5``, the
-    largest 1-norm over the batch, read once on the host), so the relative truncation error is
-    at most ``θ¹³/13! ≈ 2e-14``. Differentiable through matrix products: for many small
-    matrices of modest norm this is several times cheaper than :func:`torch.linalg.matrix_exp`,
-    most of all in the backward pass (which that function takes as the exponential of a matrix
-    of twice the size).
+
+def expm(A: Tensor, squarings: int | None = None) -> Tensor:
+    """Batched matrix exponential: degree-12 Taylor polynomial, scaling and squaring, each
+    matrix with its own number of squarings.
+
+    ``expm(Aᵢ) = p(Aᵢ / 2^sᵢ)^(2^sᵢ)`` with ``p`` the Taylor polynomial of degree 12, evaluated
+    by Paterson–Stockmeyer in six matrix products, and ``sᵢ = ⌈log₂(‖Aᵢ‖₁ / θ)⌉₊``
+    (``θ = 0.5``) for every matrix of the batch, computed on the device, so the relative
+    truncation error of ``p(Aᵢ / 2^sᵢ)`` is at most ``θ¹³/13! ≈ 2e-14`` (a relative backward
+    error of ``Aᵢ`` of that order: the forward error grows with ``‖Aᵢ‖₁``). ``S`` masked
+    squarings (``torch.where``) square each matrix ``sᵢ`` times, with the bound ``S``:
+
+    - ``squarings``, if given: then no host read chooses ``sᵢ``; a matrix with ``sᵢ > S``
+      (or non-finite entries) comes out ``NaN``, and its check is recorded inside
+      :class:`DeferredChecks` (:func:`deferred_checks`) or made at once outside (one host
+      read; the batch is computed again with ``S = max sᵢ``);
+    - else, inside :class:`DeferredChecks`, :data:`DEFERRED_SQUARINGS` (as if given);
+    - else ``max sᵢ`` over the batch, read once on the host (non-finite entries raise).
+
+    Differentiable through matrix products: for many small matrices of modest norm this is
+    several times cheaper than :func:`torch.linalg.matrix_exp`, most of all in the backward
+    pass (which that function takes as the exponential of a matrix of twice the size).
     """
-    norm = float(A.detach().abs().sum(-2).amax(-1).max()) if A.numel() else 0.0
-    if not math.isfinite(norm):
-        raise ValueError("expm: the matrix has non-finite entries")
-    s = max(0, math.ceil(math.log2(norm / _TAYLOR_THETA))) if norm > 0 else 0
-    B = A / 2.0**s if s else A
+    if A.shape[-1] == 0:
+        return A.clone()
+    checks = _DEFERRED.get()
+    if squarings is None and checks is None:
+        norm = float(A.detach().abs().sum(-2).amax(-1).max()) if A.numel() else 0.0
+        if not math.isfinite(norm):
+            raise ValueError("expm: the matrix has non-finite entries")
+        squarings = max(0, math.ceil(math.log2(norm / _TAYLOR_THETA))) if norm > 0 else 0
+        return _expm(A, squarings)[0]
+    bound = DEFERRED_SQUARINGS if squarings is None else squarings
+    E, failed = _expm(A, bound)
+    if checks is not None:
+        checks.record(failed, functools.partial(_expm_too_long, bound))
+        return E
+    if bool(failed.any()):  # outside any block: checked at once, and computed again
+        return expm(A)
+    return E
+
+
+def _expm(A: Tensor, bound: int) -> tuple[Tensor, Tensor]:
+    """:func:`expm` with ``S = bound`` squarings, and where a matrix needs more than ``S`` (or
+    is not finite; those matrices come out ``NaN``)."""
+    norm = A.detach().abs().sum(-2).amax(-1)[..., None, None]  # ‖Aᵢ‖₁, (..., 1, 1)
+    failed = ~(norm <= _TAYLOR_THETA * 2.0**bound)  # NaN fails too
+    # sᵢ, and NaN where it fails: the matrix's scaling, so its result, is then NaN
+    s = torch.where(failed, torch.nan, (norm / _TAYLOR_THETA).log2().ceil().clamp(0, bound))
+    B = A * torch.exp2(-s)
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device).expand_as(A)
     c = [1.0 / math.factorial(k) for k in range(13)]
     B2 = B @ B
@@ -241,9 +325,11 @@ def expm(A: Tensor) -> Tensor:
     E = q(2) + c[12] * B4
     E = q(1) + B4 @ E
     E = q(0) + B4 @ E
-    for _ in range(s):
-        E = E @ E
-    return E
+    if bound:
+        square = s > torch.arange(bound, dtype=s.dtype, device=s.device)  # (..., 1, S)
+        for j in range(bound):
+            E = torch.where(square[..., j : j + 1], E @ E, E)
+    return E, failed.reshape(failed.shape[:-2])
 
 
 def haar_orthogonal(

@@ -13,9 +13,11 @@ from hypothesis import strategies as st
 
 from quotientgeo.bench.cost import CostCounter
 from quotientgeo.linalg import (
+    DeferredChecks,
     cholesky,
     conjugate_gradient,
     deferred_checks,
+    expm,
     gram,
     mT,
     solve_sylvester,
@@ -165,3 +167,131 @@ def test_conjugate_gradient_zero_rhs_and_matrix_events():
     b = torch.randn(2, 2, 3, dtype=torch.float64)
     x = conjugate_gradient(lambda v: (A @ v.reshape(2, 6, 1)).reshape(2, 2, 3), b, event_dims=2)
     assert torch.allclose(x, b / 3, rtol=1e-12, atol=0)
+
+
+def _old_expm(A: torch.Tensor) -> torch.Tensor:
+    """The previous :func:`expm`: one ``s`` for the batch, its largest 1-norm read on the host
+    (the reference the new one must equal to rounding): the same Taylor polynomial
+    (``squarings=0``) of ``A / 2ˢ``, squared ``s`` times."""
+    norm = float(A.abs().sum(-2).amax(-1).max())
+    s = max(0, math.ceil(math.log2(norm / 0.5))) if norm > 0 else 0
+    E = expm(A / 2.0**s, squarings=0)
+    for _ in range(s):
+        E = E @ E
+    return E
+
+
+def _rel_errs(E: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    return (E - ref).norm(dim=(-2, -1)) / ref.norm(dim=(-2, -1))
+
+
+@given(
+    batch=st.sampled_from([(), (1,), (3,), (2, 3)]),
+    k=st.integers(1, 7),
+    exponents=st.lists(st.floats(-8, 1.5), min_size=1, max_size=6),
+    seed=st.integers(0, 2**31 - 1),
+    deferred=st.booleans(),
+)
+def test_expm_agrees_with_matrix_exp_and_scipy(batch, k, exponents, seed, deferred):
+    """Per-matrix squarings: every matrix of a batch whose 1-norms span several orders of
+    magnitude (``10^-8`` to ``30``) agrees with ``torch.linalg.matrix_exp`` and with
+    ``scipy.linalg.expm`` to ``1e-13 · max(1, ‖A‖₁)`` relative in float64, inside a block (no
+    host read) or outside (one)."""
+    g = gen(seed)
+    A = torch.randn(*batch, k, k, generator=g, dtype=torch.float64)
+    norms = torch.tensor(exponents, dtype=torch.float64)[
+        torch.randint(len(exponents), batch, generator=g)
+    ]
+    A = A / A.abs().sum(-2).amax(-1)[..., None, None] * (10**norms)[..., None, None]
+    with CostCounter() as counter:
+        if deferred:
+            with deferred_checks():
+                E = expm(A)
+                inside = counter.host_reads
+            assert inside == 0
+        else:
+            E = expm(A)
+    assert counter.host_reads == 1
+    ref = torch.linalg.matrix_exp(A)
+    flat = A.reshape(-1, k, k).numpy()
+    ref_scipy = torch.from_numpy(np.stack([scipy.linalg.expm(a) for a in flat])).reshape(A.shape)
+
+    # the truncation is a relative backward error (of Aᵢ) of order θ¹²/13!: the forward error
+    # grows with ‖Aᵢ‖₁ (the previous algorithm's too); 1e-13 up to ‖Aᵢ‖₁ = 1
+    bound = 1e-13 * (10**norms).clamp_min(1)
+    assert (_rel_errs(E, ref) <= bound).all() and (_rel_errs(E, ref_scipy) <= bound).all()
+
+
+@given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 5))
+def test_expm_equals_the_batch_shared_squarings_to_rounding(seed, k):
+    """Against the previous algorithm (one ``s``, the batch's largest, so more squarings for
+    the smaller matrices of a batch): equal to rounding, and bit for bit for one matrix."""
+    g = gen(seed)
+    A = torch.randn(4, k, k, generator=g, dtype=torch.float64)
+    A = A * torch.tensor([1e-3, 0.1, 1.0, 10.0], dtype=torch.float64)[:, None, None]
+    bound = 1e-13 * A.abs().sum(-2).amax(-1).clamp_min(1)
+    assert (_rel_errs(expm(A), _old_expm(A)) <= bound).all()
+    one = A[3:]  # alone in its batch: the same squarings, the same operations
+    assert torch.equal(expm(one), _old_expm(one))
+
+
+def test_expm_gradient_flows():
+    """``gradcheck`` in float64 through the masked squarings, with a batch whose matrices
+    need 0, 1 and 3 squarings, inside a block and outside."""
+    g = gen(0)
+    A = torch.randn(3, 3, 3, generator=g, dtype=torch.float64)
+    A = A / A.abs().sum(-2).amax(-1)[..., None, None]
+    A = (A * torch.tensor([0.3, 0.9, 3.5], dtype=torch.float64)[:, None, None]).requires_grad_()
+    assert torch.autograd.gradcheck(expm, (A,))
+    assert torch.autograd.gradcheck(lambda a: expm(a, squarings=3), (A,))
+
+    def deferred(a):
+        with deferred_checks():
+            return expm(a)
+
+    assert torch.autograd.gradcheck(deferred, (A,))
+
+
+def test_expm_over_the_bound():
+    """A matrix needing more squarings than the bound: inside a block its result is NaN and
+    leaving the block raises a ``ValueError`` naming the bound (the others are exact); outside
+    a block the bound is checked at once and the batch computed again, exactly."""
+    A = torch.stack([0.1 * torch.eye(3), 100 * torch.eye(3)]).to(torch.float64)
+    A[1, 0, 1] = 3.0
+    ref = torch.linalg.matrix_exp(A)
+    with pytest.raises(ValueError, match=r"1-norm above 32 .* 6 squarings"), deferred_checks():
+        E = expm(A)
+        assert E[1].isnan().all()
+        torch.testing.assert_close(E[0], ref[0], rtol=1e-14, atol=0)
+    with pytest.raises(ValueError, match=r"1-norm above 2 "), deferred_checks():
+        expm(A, squarings=2)
+    with CostCounter() as counter:
+        E = expm(A, squarings=2)
+    assert counter.host_reads == 2  # the check, then the norm of the computation again
+    torch.testing.assert_close(E, ref, rtol=1e-13 * 103, atol=0)  # (‖A₁‖₁ = 103)
+    checks = DeferredChecks(factorisations=False)
+    with checks:
+        expm(A)
+        L = cholesky(torch.eye(2, dtype=torch.float64))  # checked at once: not deferred
+    assert len(checks.pending) == 1 and checks.failed() is not None and bool(checks.failed())
+    with pytest.raises(ValueError, match="squarings"):
+        checks.raise_failed()
+    assert not checks.pending and torch.equal(L, torch.eye(2, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_expm_rejects_non_finite(deferred):
+    A = torch.eye(2, dtype=torch.float64).repeat(2, 1, 1)
+    A[1, 0, 0] = math.nan
+    if deferred:
+        with pytest.raises(ValueError, match="non-finite"), deferred_checks():
+            E = expm(A)
+            assert E[1].isnan().all() and not E[0].isnan().any()
+    else:
+        with pytest.raises(ValueError, match="non-finite"):
+            expm(A)
+
+
+def test_expm_of_empty_and_zero_matrices():
+    assert expm(torch.zeros(3, 0, 0)).shape == (3, 0, 0)
+    assert torch.equal(expm(torch.zeros(2, 4, 4)), torch.eye(4).expand(2, 4, 4))

@@ -64,6 +64,7 @@ from ..geometry import shards as sh
 from ..geometry.diagnosis import Diagnosis
 from ..geometry.perturbation import BasePoint, BlockChunk, Perturbations, Piece, Sums
 from ..heap import release_free_memory
+from ..linalg import DeferredChecks
 from .ranks import Local, add_note
 
 Tensor = torch.Tensor
@@ -153,6 +154,9 @@ class Objective:
         self.batch: Any = None
         self.where = Where(0)
         self._pending: tuple[Tensor, Where] | None = None  # a forward pass to differentiate
+        # the moves' matrix exponentials read nothing on the host: their checks are read with
+        # the losses' finiteness (a failed one is NaN, so the loss after it is not finite)
+        self.checks = DeferredChecks(factorisations=False)
 
     def __enter__(self) -> Objective:
         return self
@@ -220,7 +224,7 @@ class Objective:
 
     def _move_blocks_(self, source: Mapping[str, Tensor]) -> None:
         """The symmetry blocks of the weights ``← γ_ξ(1)`` for ``ξ = source``."""
-        with self.diagnosis.located():
+        with self.diagnosis.located(), self.checks:
             for chunk in self.space.all_chunks():
                 s = self.base.space(chunk)
                 chunk.write_(self.weights, s.move(chunk.read(source, self.dtype)))
@@ -245,6 +249,7 @@ class Objective:
         direction of norm ``rho``; ``ξ_{-1} = ξ_0``."""
         self.batch, self.where = batch, where
         self._best, self.best, self._pending_keep = "previous", None, None
+        self.checks.pending.clear()
         if gen is None:
             for t in self.previous.values():
                 t.zero_()
@@ -344,7 +349,7 @@ class Objective:
         release_free_memory(self.device, self.space.held_bytes)
         grads = self.gradients()
         sums = Sums(self.space, (3, 3))
-        with self.diagnosis.located():
+        with self.diagnosis.located(), self.checks:
             for part in self.space.parts():
                 s = self.base.space(part)
                 xi = self._part_current(part)
@@ -512,12 +517,22 @@ class Objective:
     def check_finite(self, losses: Tensor, where: Where) -> None:
         """Raise (on every rank) if ``losses`` are not all finite; ``losses[k]`` is the loss at
         iteration ``k`` of ``where`` (or at ``where`` itself for one loss). The message also
-        names the heads whose factors are rank deficient to working precision, if any."""
+        names the heads whose factors are rank deficient to working precision, if any. The
+        checks of the moves' matrix exponentials since the last call are read with the
+        losses (one host read) and raise first."""
         finite = torch.isfinite(losses)
-        all_finite = bool(finite.all())
+        failed = self.checks.failed()
+        ok = finite.all() if failed is None else finite.all() & ~failed
+        all_finite = bool(ok)
         self.ranks.check_finite(all_finite)
         if all_finite:
+            self.checks.pending.clear()
             return
+        try:
+            self.checks.raise_failed()
+        except ValueError as err:
+            add_note(err, f"on batch {where.batch}; the model is restored")
+            raise
         k = int((~finite).nonzero()[0, 0])
         at = where if isinstance(where.at, str) else where.iteration(k)
         message = (

@@ -114,7 +114,7 @@ def test_cost_bench_json(capsys):
         assert rows["floor"]["ops"] > 0 and rows["floor"]["host_reads"] == 0
         assert rows["adaptive"]["copies"] > 0 and rows["geodesic_mix"]["ops"] > 0
         # at most one host read per iteration or step (the target of issue 40)
-        for name in ("adaptive", "geodesic_mix", "geodesic_inv", "average"):
+        for name in ("adaptive", "geodesic_mix", "geodesic_inv", "geodesic_inv_exact", "average"):
             assert rows[name]["host_reads"] <= 1, name
         for name in ("sam", "asam", "geodesic_sam", "quotient_optimizer"):
             assert rows[name]["host_reads"] <= 1, name

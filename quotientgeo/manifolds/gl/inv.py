@@ -2,6 +2,8 @@ r"""The ``inv`` metric ``tr(P⁻¹ η_Gᵀ ζ_G) + tr(Q⁻¹ η_Hᵀ ζ_H)``: to
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ...linalg import expm, mT, solve_sylvester, sylvester_basis, sym
@@ -67,8 +69,7 @@ class InvTotalSpace(GLTotalSpace):
         (G, H), (uG, uH) = self.split(p), self.split(u)
         LP, LQ = self.cholesky_factors(p)
         LP_inv, LQ_inv = p.cached("cholesky_inv", lambda: (lower_inverse(LP), lower_inverse(LQ)))
-        G1, dG = inv_geodesic(G, uG, LP, t, LP_inv)
-        H1, dH = inv_geodesic(H, uH, LQ, t, LQ_inv)
+        (G1, dG), (H1, dH) = inv_geodesics([(G, uG, LP, LP_inv), (H, uH, LQ, LQ_inv)], t)
         return self.join(G1, H1), self.join(dG, dH)
 
     def gamma_coefficients(self, k: Products, same: bool) -> Coefficients:
@@ -142,9 +143,33 @@ def inv_geodesic(
     ``n × h`` products with ``h × h`` coefficients, and the map is smooth in ``ξ``, also where
     ``W⊥ = 0`` (a velocity inside the column space) and at ``ξ = 0``.
     """
+    return inv_geodesics([(F, xi, L, L_inv)], t)[0]
+
+
+def inv_geodesics(
+    factors: Sequence[tuple[Tensor, Tensor, Tensor, Tensor | None]], t: Tensor | float = 1.0
+) -> list[tuple[Tensor, Tensor]]:
+    """:func:`inv_geodesic` of several factors ``(F, ξ, L, L_inv)`` at once: where their
+    ``h × h`` matrices have one shape (the two factors of one point), the matrix exponentials
+    of all of them are two batched calls of :func:`~quotientgeo.linalg.expm`."""
+    parts = [
+        _generators(F, xi, lower_inverse(L) if L_inv is None else L_inv)
+        for F, xi, L, L_inv in factors
+    ]
+    if len({part[0].shape for part in parts}) > 1:  # nothing to batch
+        return [inv_geodesics([f], t)[0] for f in factors]
+    h = factors[0][0].shape[-1]
+    E = expm(t * torch.stack([part[0] for part in parts]))[..., :h]
+    Xt = expm(t * mT(torch.stack([part[1] for part in parts])))
+    return [
+        _moved(F, xi, L, *part[1:], E[i], Xt[i])
+        for i, ((F, xi, L, _), part) in enumerate(zip(factors, parts, strict=True))
+    ]
+
+
+def _generators(F: Tensor, xi: Tensor, L_inv: Tensor):
+    """``(M_balanced, X, W⊥ᵀW⊥, d, L⁻¹)`` of :func:`inv_geodesic`."""
     h = F.shape[-1]
-    if L_inv is None:
-        L_inv = lower_inverse(L)
 
     def congruence(A: Tensor) -> Tensor:  # L⁻¹ A L⁻ᵀ
         return L_inv @ A @ mT(L_inv)
@@ -159,9 +184,19 @@ def inv_geodesic(
     M = torch.cat(
         [torch.cat([X - mT(X), -S2 * d], -1), torch.cat([sigma * eye, torch.zeros_like(X)], -1)], -2
     )
-    E = expm(t * M)[..., :h]
+    return M, X, S2, d, L_inv
+
+
+def _moved(
+    F: Tensor, xi: Tensor, L: Tensor, X: Tensor, S2: Tensor, d: Tensor, L_inv: Tensor,
+    E: Tensor, Xt: Tensor,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """``(F(t), F'(t))`` of :func:`inv_geodesic` from ``E = expm(t M_balanced)[:, :h]`` and
+    ``Xt = expm(t Xᵀ)``."""
+    h = F.shape[-1]
     E = torch.cat([E[..., :h, :], d * E[..., h:, :]], -2)  # expm(t M_unbalanced)[:, :h]
-    Y = E @ expm(t * mT(X))
+    Y = E @ Xt
+    eye = torch.eye(h, dtype=X.dtype, device=X.device).expand_as(X)
     M = torch.cat([torch.cat([X - mT(X), -S2], -1), torch.cat([eye, torch.zeros_like(X)], -1)], -2)
     dY = M @ Y + Y @ mT(X)
 
