@@ -1,9 +1,11 @@
-r"""The extreme eigenvalues of the Riemannian Hessian: Lanczos (ARPACK), LOBPCG, or dense.
+r"""The extreme eigenvalues of the Riemannian Hessian: Lanczos (ARPACK), LOBPCG, the lean
+Lanczos recurrence, or dense.
 
 The whitened operator is symmetric, with the quotient Hessian's eigenvalues on the horizontal
 space and zeros on the vertical directions, so a Euclidean eigensolver on
 :meth:`~quotientgeo.curvature.RiemannianHessian.to_scipy` finds them: SciPy's ``eigsh``
-(implicitly restarted Lanczos, ARPACK) or ``lobpcg``.
+(implicitly restarted Lanczos, ARPACK) or ``lobpcg``; for models too large for ARPACK's vectors,
+the three-term recurrence in torch with two vectors (:mod:`quotientgeo.curvature.lanczos`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch import nn
 from ..geometry import ParameterGeometry
 from ..manifolds import BallDamping
 from ..validation import integer, positive_int, positive_real
+from .lanczos import lanczos_extreme
 from .operator import _SymmetricOperator
 from .result import BlockEigenvalues, EigenvalueResult
 from .run import measured, settings_of
@@ -27,7 +30,7 @@ Tensor = torch.Tensor
 
 __all__ = ["hessian_eigenvalues"]
 
-METHODS = ("lanczos", "lobpcg", "exact")
+METHODS = ("lanczos", "lobpcg", "exact", "lanczos_lean")
 WHICH = ("largest", "smallest")
 #: A group of at most this many coordinates is solved densely (``dim`` products).
 DENSE_MAX = 64
@@ -65,13 +68,26 @@ def hessian_eigenvalues(
         model: the network; read only (restored bit-exactly, also on errors).
         loss_fn: ``loss_fn(model, batch) -> scalar tensor``.
         batches: an iterable of batches, read once; ``f`` is the mean loss over them.
-        k: how many eigenvalues (``k < D`` for ``"lanczos"``).
+        k: how many eigenvalues (``k < D`` for ``"lanczos"``, ``k = 1`` for
+            ``"lanczos_lean"``).
         which: ``"largest"`` (algebraic, largest first) or ``"smallest"`` (smallest first).
         method: ``"lanczos"`` (``scipy.sparse.linalg.eigsh``), ``"lobpcg"``
             (``scipy.sparse.linalg.lobpcg``, ``k`` vectors per product) or ``"exact"`` (the
-            dense ``D × D`` matrix: small models).
+            dense ``D × D`` matrix: small models), or ``"lanczos_lean"``: the Lanczos
+            three-term recurrence ``β_j v_{j+1} = A v_j - α_j v_j - β_{j-1} v_{j-1}`` in torch
+            on the operator's device and dtype, not re-orthogonalised, with at most three
+            vectors of size ``D`` alive (``v_{j-1}``, ``v_j``, ``A v_j``) where ARPACK keeps
+            ``max(2k + 1, 20)``; the tridiagonal ``T_j`` on the host. It stops when the
+            extreme Ritz value ``θ`` (``T_j y = θ y``) has ``|β_j y_j| ≤ tol · |θ|``, the
+            residual of its Ritz vector (an eigenvalue lies within it; the result's
+            ``residual_bound``), or after ``max_iter`` products (a ``RuntimeWarning``).
+            Without re-orthogonalisation converged values reappear as ghost copies in
+            ``T_j``: the extreme one still converges, the inner ones are not reliable, so it
+            gives ``k = 1`` only. For models whose vectors are large (a 1.1B model in
+            float32: 4.4 GB a vector). SciPy not needed.
         tol: relative accuracy asked of the solver.
-        max_iter: the solver's iteration limit (``None``: its default).
+        max_iter: the solver's iteration limit (``None``: its default; ``min(D, 300)``
+            products for ``"lanczos_lean"``).
         seed: seed of the starting vectors.
         per_block: also the eigenvalues of each group's diagonal block (a layer's attention
             pairs, adapters, the rest): one more solve per group (groups of at most
@@ -91,6 +107,12 @@ def hessian_eigenvalues(
         raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}, got {method!r}")
+    if method == "lanczos_lean" and k != 1:
+        raise ValueError(
+            f"method='lanczos_lean' gives one eigenvalue (k=1), got k={k}: without "
+            "re-orthogonalisation the inner Ritz values include ghost copies of converged ones; "
+            "use method='lanczos' or 'lobpcg' for several"
+        )
     tol = positive_real("tol", tol)
     if max_iter is not None:
         max_iter = positive_int("max_iter", max_iter)
@@ -107,17 +129,17 @@ def hessian_eigenvalues(
                 f"k={k} eigenvalues of an operator of size {hessian.dim}: method='lanczos' "
                 "needs k < D; use method='exact' for all of them"
             )
-        values = _solve(hessian, k, which, method, tol, max_iter, seed)
+        values, bound = _solve(hessian, k, which, method, tol, max_iter, seed)
         per = None
         if per_block:
             per = []
             for g in hessian.groups:
                 block = hessian.restricted(g)
                 dense = method == "exact" or g.dim <= max(DENSE_MAX, k + 1)
-                found = _solve(
+                found, block_bound = _solve(
                     block, min(k, g.dim), which, "exact" if dense else method, tol, max_iter, seed
                 )
-                per.append(BlockEigenvalues(g.name, g.layer, g.kind, g.dim, found))
+                per.append(BlockEigenvalues(g.name, g.layer, g.kind, g.dim, found, block_bound))
     settings = settings_of(
         hessian, metric, product=product, measure="hessian_eigenvalues", k=k, which=which,
         method=method, tol=tol, max_iter=max_iter, seed=seed,
@@ -129,6 +151,7 @@ def hessian_eigenvalues(
         settings=settings,
         products=hessian.products,
         wall_time=time.perf_counter() - t0,
+        residual_bound=bound,
     )
 
 
@@ -140,9 +163,15 @@ def _solve(
     tol: float,
     max_iter: int | None,
     seed: int,
-) -> list[float]:
-    """The ``k`` extreme eigenvalues of ``op``, largest first or smallest first."""
+) -> tuple[list[float], float | None]:
+    """The ``k`` extreme eigenvalues of ``op``, largest first or smallest first, and the
+    residual bound of ``"lanczos_lean"``'s (``None`` for the other methods)."""
     n = op.shape[0]
+    if method == "lanczos_lean":
+        found = lanczos_extreme(
+            op, largest=which == "largest", tol=tol, max_iter=max_iter or min(n, 300), seed=seed
+        )
+        return [found.value], found.residual_bound
     if method == "exact":
         values = torch.linalg.eigvalsh(op.to_dense()).cpu().numpy()
     else:
@@ -167,4 +196,4 @@ def _solve(
             values, _ = lobpcg(A, X, largest=largest, tol=tol, maxiter=max_iter or 200)
     ordered = np.sort(np.asarray(values, dtype=float))
     chosen = ordered[::-1][:k] if which == "largest" else ordered[:k]
-    return [float(v) for v in chosen]
+    return [float(v) for v in chosen], None

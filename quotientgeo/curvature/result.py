@@ -99,13 +99,15 @@ class TraceResult(_Plain):
 @dataclasses.dataclass(frozen=True)
 class BlockEigenvalues(_Plain):
     """The extreme eigenvalues of one group's diagonal block (attributes as
-    :class:`BlockTrace`; ``values`` in the order of the result's)."""
+    :class:`BlockTrace`; ``values`` in the order of the result's; ``residual_bound`` as
+    :class:`EigenvalueResult`'s)."""
 
     name: str
     layer: int | None
     kind: str
     dim: int
     values: list[float]
+    residual_bound: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +121,9 @@ class EigenvalueResult(_Plain):
         settings: ``k``, ``which``, method, tolerance, seed, geometry, metric, dimension, ...
         products: Hessian-vector products computed.
         wall_time: seconds.
+        residual_bound: with ``method="lanczos_lean"``, ``|β_j y_j|``, the residual
+            ``‖A x - θ x‖`` of the value's unit Ritz vector: an eigenvalue of the operator lies
+            within it of the value; ``None`` for the other methods.
     """
 
     values: list[float]
@@ -127,11 +132,13 @@ class EigenvalueResult(_Plain):
     settings: dict[str, Any]
     products: int
     wall_time: float
+    residual_bound: float | None = None
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{v:.6g}" for v in self.values)
+        bound = "" if self.residual_bound is None else f" ± {self.residual_bound:.3g}"
         return (
-            f"EigenvalueResult(values=[{shown}], which={self.settings['which']!r}, "
+            f"EigenvalueResult(values=[{shown}]{bound}, which={self.settings['which']!r}, "
             f"geometry={self.settings['geometry']!r}, products={self.products})"
         )
 
