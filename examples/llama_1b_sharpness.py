@@ -1,4 +1,5 @@
-"""Geodesic sharpness of a 1.1B-parameter Llama-style decoder in bfloat16, on one CPU machine.
+"""Geodesic sharpness (or the top Hessian eigenvalue) of a 1.1B-parameter Llama-style decoder in
+bfloat16, on one CPU machine.
 
 The model has TinyLlama-1.1B's configuration (22 layers, width 2048, 32 query heads sharing 4
 key/value heads, rotary embeddings, vocabulary 32000) with random weights, built in bfloat16.
@@ -11,8 +12,14 @@ the parameters (the maximiser keeps 3: the starting weights, the previous and th
 the current iterate of the symmetric blocks is parked in their weights once the backward pass
 has their gradients). Linux only (it reads ``/proc/self/status``).
 
+With ``--curvature`` it computes instead the largest eigenvalue of the Riemannian Hessian of the
+same loss (``hessian_eigenvalues``, finite-difference products, ``method="lanczos_lean"``: two
+vectors of the model's size in float32) and prints it with its residual bound, the products,
+the wall time and the process peak. ``--layers`` builds fewer decoder layers of the same width.
+
     python examples/llama_1b_sharpness.py            # 3 iterations (the quick form)
     python examples/llama_1b_sharpness.py --n-iter 20 --metric inv
+    python examples/llama_1b_sharpness.py --curvature --max-iter 20 --layers 2
 """
 
 from __future__ import annotations
@@ -67,12 +74,18 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--layers", type=int, default=22, help="decoder layers (TinyLlama: 22)")
+    parser.add_argument("--curvature", action="store_true", help="the top Hessian eigenvalue")
+    parser.add_argument("--max-iter", type=int, default=20, help="Lanczos products (--curvature)")
+    parser.add_argument("--tol", type=float, default=1e-3, help="Lanczos tolerance (--curvature)")
+    parser.add_argument("--step", type=float, default=None, help="finite-difference step")
     args = parser.parse_args()
 
     t0 = time.perf_counter()
     torch.manual_seed(0)
     dtype = getattr(torch, args.dtype)
-    model = LlamaForCausalLM._from_config(LlamaConfig(**TINYLLAMA_1B), torch_dtype=dtype).eval()
+    config = LlamaConfig(**{**TINYLLAMA_1B, "num_hidden_layers": args.layers})
+    model = LlamaForCausalLM._from_config(config, torch_dtype=dtype).eval()
     n_params = sum(p.numel() for p in model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     generator = torch.Generator().manual_seed(1)
@@ -91,12 +104,28 @@ def main() -> None:
         model.zero_grad(set_to_none=True)
 
     _, floor_s, floor_peak = peak_of(floor)
+    print(f"floor (forward+backward): {floor_s:.0f} s, process peak {floor_peak / 2**30:.2f} GiB")
+    if args.curvature:
+        top, seconds, peak = peak_of(
+            lambda: qg.hessian_eigenvalues(
+                model, loss_fn, [ids], symmetries=geometry, k=1, method="lanczos_lean",
+                product="finite_difference", step=args.step, tol=args.tol, max_iter=args.max_iter,
+            )
+        )  # fmt: skip
+        assert top.residual_bound is not None
+        print(
+            f"top Hessian eigenvalue ({args.metric}, finite differences, lean Lanczos): "
+            f"{top.values[0]:.6g} ± {top.residual_bound:.3g} (residual bound, "
+            f"{top.residual_bound / abs(top.values[0]):.2g} relative), {top.products} products, "
+            f"base loss {top.loss:.4f}, in {seconds:.0f} s, process peak {peak / 2**30:.2f} GiB, "
+            f"{(peak - floor_peak) / param_bytes:.2f} parameter copies above the floor"
+        )
+        return
     result, seconds, peak = peak_of(
         lambda: qg.geodesic_sharpness(
             model, loss_fn, [ids], rho=args.rho, symmetries=geometry, n_iter=args.n_iter
         )
     )
-    print(f"floor (forward+backward): {floor_s:.0f} s, process peak {floor_peak / 2**30:.2f} GiB")
     print(
         f"geodesic sharpness ({args.metric}, ρ = {args.rho}, {args.n_iter} iterations): "
         f"{result.value:.4g} (base loss {result.base_losses[0]:.4f}) in {seconds:.0f} s, "

@@ -51,6 +51,7 @@ def hessian_density(
     geometry: str = "riemannian",
     eps: float | BallDamping | None = None,
     product: str = "double_backward",
+    step: float | None = None,
     progress: bool = True,
 ) -> SpectrumResult:
     r"""The spectral density of the Riemannian Hessian of the batch-averaged loss on the
@@ -78,6 +79,8 @@ def hessian_density(
         product: ``"double_backward"`` (exact) or ``"finite_difference"`` (central
             differences of gradients, two gradient passes per batch and product), as for
             :class:`~quotientgeo.curvature.RiemannianHessian`.
+        step: the finite difference's relative step, as for
+            :class:`~quotientgeo.curvature.RiemannianHessian` (``None``: its default).
         progress: a progress bar over the batch passes, on a terminal.
     """
     n_probes = positive_int("n_probes", n_probes)
@@ -88,7 +91,8 @@ def hessian_density(
     t0 = time.perf_counter()
     with measured(
         model, loss_fn, batches, symmetries=symmetries, metric=metric, geometry=geometry,
-        eps=eps, product=product, progress=progress, description="Hessian density (Lanczos)",
+        eps=eps, product=product, step=step, progress=progress,
+        description="Hessian density (Lanczos)",
         plan=None if per_block else lambda dim: [n_probes] * min(n_steps, dim),
     ) as hessian:  # fmt: skip
         spectrum = lanczos_quadrature(hessian, n_probes, min(n_steps, hessian.dim), seed)

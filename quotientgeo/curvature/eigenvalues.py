@@ -53,6 +53,7 @@ def hessian_eigenvalues(
     geometry: str = "riemannian",
     eps: float | BallDamping | None = None,
     product: str = "double_backward",
+    step: float | None = None,
     progress: bool = True,
 ) -> EigenvalueResult:
     r"""The ``k`` largest (or smallest) eigenvalues of the Riemannian Hessian of the
@@ -100,6 +101,8 @@ def hessian_eigenvalues(
         product: ``"double_backward"`` (exact) or ``"finite_difference"`` (central
             differences of gradients, two gradient passes per batch and product), as for
             :class:`~quotientgeo.curvature.RiemannianHessian`.
+        step: the finite difference's relative step, as for
+            :class:`~quotientgeo.curvature.RiemannianHessian` (``None``: its default).
         progress: a progress bar over the batch passes, on a terminal.
     """
     k = positive_int("k", k)
@@ -122,7 +125,8 @@ def hessian_eigenvalues(
     t0 = time.perf_counter()
     with measured(
         model, loss_fn, batches, symmetries=symmetries, metric=metric, geometry=geometry,
-        eps=eps, product=product, progress=progress, description=f"Hessian eigenvalues ({method})",
+        eps=eps, product=product, step=step, progress=progress,
+        description=f"Hessian eigenvalues ({method})",
     ) as hessian:  # fmt: skip
         if k > hessian.dim or (method == "lanczos" and k >= hessian.dim):
             raise ValueError(

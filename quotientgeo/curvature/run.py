@@ -32,6 +32,7 @@ def measured(
     progress: bool,
     description: str,
     product: str = "double_backward",
+    step: float | None = None,
     plan: Callable[[int], list[int]] | None = None,
 ) -> Iterator[RiemannianHessian]:
     """The :class:`RiemannianHessian` of the arguments, with a progress bar over its batch
@@ -39,7 +40,7 @@ def measured(
     compute on the operator of size ``D`` (the bar's total follows from it)."""
     hessian = RiemannianHessian(
         model, loss_fn, batches, symmetries=symmetries, metric=metric, geometry=geometry, eps=eps,
-        product=product,
+        product=product, step=step,
     )  # fmt: skip
     total = None
     if plan is not None:
@@ -60,6 +61,7 @@ def settings_of(hessian: RiemannianHessian, metric, **extra: Any) -> dict[str, A
     return {
         **extra,
         "geometry": hessian.geometry_kind,
+        "step": hessian._step,
         "metric": metric if metric is not None else _declared(g.metrics),
         "dim": hessian.dim,
         "n_batches": len(hessian.batches),

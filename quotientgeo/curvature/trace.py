@@ -47,6 +47,7 @@ def hessian_trace(
     geometry: str = "riemannian",
     eps: float | BallDamping | None = None,
     product: str = "double_backward",
+    step: float | None = None,
     chunk_size: int = 16,
     progress: bool = True,
 ) -> TraceResult:
@@ -78,6 +79,8 @@ def hessian_trace(
         product: ``"double_backward"`` (exact) or ``"finite_difference"`` (central
             differences of gradients, two gradient passes per batch and product), as for
             :class:`~quotientgeo.curvature.RiemannianHessian`.
+        step: the finite difference's relative step, as for
+            :class:`~quotientgeo.curvature.RiemannianHessian` (``None``: its default).
         chunk_size: vectors per product (they share each batch's forward and first backward
             pass; memory grows with it).
         progress: a progress bar over the batch passes, on a terminal.
@@ -99,7 +102,8 @@ def hessian_trace(
     t0 = time.perf_counter()
     with measured(
         model, loss_fn, batches, symmetries=symmetries, metric=metric, geometry=geometry,
-        eps=eps, product=product, progress=progress, description=f"Hessian trace ({method})",
+        eps=eps, product=product, step=step, progress=progress,
+        description=f"Hessian trace ({method})",
         plan=plan,
     ) as hessian:  # fmt: skip
         if method in ("hutch++", "xtrace"):

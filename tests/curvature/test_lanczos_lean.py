@@ -168,3 +168,22 @@ def test_bad_input():
         qg.hessian_eigenvalues(model, cubic_loss, batches, max_iter=0, **kw)
     with pytest.raises(ValueError, match="lanczos_lean"):
         qg.hessian_eigenvalues(model, cubic_loss, batches, **(kw | {"method": "lean"}))
+
+
+def test_the_finite_difference_step_reaches_the_operator():
+    """``step`` of the functions is the operator's: the settings record it, the values follow
+    it (the central difference's error is O(t²)), and a bad one is refused."""
+    model, batches = TwoFactor(bias=True), data()
+    kw = dict(symmetries=model.geometry(), product="finite_difference", progress=False)
+    exact = qg.hessian_trace(
+        model, cubic_loss, batches, method="exact", **kw | {"product": "double_backward"}
+    )
+    errors = []
+    for step in (1e-2, 1e-3):
+        found = qg.hessian_trace(model, cubic_loss, batches, method="exact", step=step, **kw)
+        assert found.settings["step"] == step
+        errors.append(abs(found.value - exact.value))
+    assert errors[1] < errors[0] / 50  # O(t²): 100 times smaller, up to rounding
+    for fn in (qg.hessian_trace, qg.hessian_eigenvalues, qg.hessian_density):
+        with pytest.raises(ValueError, match="step"):
+            fn(model, cubic_loss, batches, step=0.0, **kw)
