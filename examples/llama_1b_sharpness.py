@@ -78,7 +78,12 @@ def main() -> None:
     parser.add_argument("--curvature", action="store_true", help="the top Hessian eigenvalue")
     parser.add_argument("--max-iter", type=int, default=20, help="Lanczos products (--curvature)")
     parser.add_argument("--tol", type=float, default=1e-3, help="Lanczos tolerance (--curvature)")
-    parser.add_argument("--step", type=float, default=None, help="finite-difference step")
+    parser.add_argument(
+        "--step",
+        type=float,
+        default=3e-4,
+        help="finite-difference step (3e-4: the best measured for bfloat16 Llamas, 2-3 %% error)",
+    )
     args = parser.parse_args()
 
     t0 = time.perf_counter()

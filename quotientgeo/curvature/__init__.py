@@ -6,12 +6,14 @@ parameter symmetries, its trace, its extreme eigenvalues and its spectral densit
 - :mod:`.parts`: the geometry of each part of the coordinates (projection, connection, metric);
 - :mod:`.groups`: the coordinates grouped by layer and kind of block (``per_block=True``);
 - :mod:`.trace`, :mod:`.eigenvalues`, :mod:`.density`: the three functions;
+- :mod:`.lanczos`: the extreme eigenvalue by the Lanczos recurrence with two vectors;
 - :mod:`.result`: what they return.
 """
 
 from .density import hessian_density, lanczos_quadrature
 from .eigenvalues import hessian_eigenvalues
 from .groups import KINDS, Group
+from .lanczos import LanczosEigenvalue, lanczos_extreme
 from .operator import BlockOperator, RiemannianHessian
 from .result import (
     BlockEigenvalues,
@@ -32,6 +34,7 @@ __all__ = [
     "BlockTrace",
     "EigenvalueResult",
     "Group",
+    "LanczosEigenvalue",
     "RiemannianHessian",
     "Spectrum",
     "SpectrumResult",
@@ -39,5 +42,6 @@ __all__ = [
     "hessian_density",
     "hessian_eigenvalues",
     "hessian_trace",
+    "lanczos_extreme",
     "lanczos_quadrature",
 ]
