@@ -13,9 +13,11 @@ the current iterate of the symmetric blocks is parked in their weights once the 
 has their gradients). Linux only (it reads ``/proc/self/status``).
 
 With ``--curvature`` it computes instead the largest eigenvalue of the Riemannian Hessian of the
-same loss (``hessian_eigenvalues``, finite-difference products, ``method="lanczos_lean"``: two
-vectors of the model's size in float32) and prints it with its residual bound, the products,
-the wall time and the process peak. ``--layers`` builds fewer decoder layers of the same width.
+same loss (finite-difference products and the lean Lanczos recurrence of
+``hessian_eigenvalues(method="lanczos_lean")``: two vectors of the model's size in float32) and
+prints it with its residual bound, the products, the wall time and the process peaks of the
+operator and of the solve; it does not start the solve where the machine has too little memory
+available. ``--layers`` builds fewer decoder layers of the same width.
 
     python examples/llama_1b_sharpness.py            # 3 iterations (the quick form)
     python examples/llama_1b_sharpness.py --n-iter 20 --metric inv
@@ -32,6 +34,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import quotientgeo as qg
+from quotientgeo.curvature import lanczos_extreme
 
 TINYLLAMA_1B = dict(
     hidden_size=2048,
@@ -44,6 +47,11 @@ TINYLLAMA_1B = dict(
     rms_norm_eps=1e-5,
     tie_word_embeddings=False,
 )
+
+
+#: Vectors of the operator's size the solve adds to the operator: ``v_j``, ``v_{j-1}``, and in
+#: each product the gradient gathered in coordinates and the output.
+VECTORS_NEEDED = 4
 
 
 def status(field: str) -> int:
@@ -64,6 +72,52 @@ def peak_of(fn):
     t0 = time.perf_counter()
     result = fn()
     return result, time.perf_counter() - t0, status("VmHWM")
+
+
+def available() -> int:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes: what the machine can still give."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("MemAvailable")
+
+
+def curvature(args, model, loss_fn, ids, geometry, floor_peak: int, param_bytes: int) -> None:
+    """The top eigenvalue of the Riemannian Hessian: the finite-difference operator, then the
+    lean Lanczos recurrence on it, each with its wall time and process peak. Stops before the
+    solve where the machine has less memory available than the solver's vectors
+    (``VECTORS_NEEDED`` of the operator's size)."""
+    hessian, seconds, peak = peak_of(
+        lambda: qg.RiemannianHessian(
+            model, loss_fn, [ids], symmetries=geometry, product="finite_difference", step=args.step
+        )
+    )
+    vector = hessian.dim * hessian.dtype.itemsize
+    resident = status("VmRSS")
+    print(
+        f"operator ({hessian.dim:,} coordinates, {vector / 2**30:.2f} GiB a {hessian.dtype} "
+        f"vector): built in {seconds:.0f} s, process peak {peak / 2**30:.2f} GiB, resident "
+        f"{resident / 2**30:.2f} GiB"
+    )
+    need, free = VECTORS_NEEDED * vector, available()
+    if need > free:
+        print(
+            f"the solve needs about {need / 2**30:.1f} GiB more ({VECTORS_NEEDED} vectors: "
+            f"v_j, v_(j-1) and the product's gradient and output); the machine has "
+            f"{free / 2**30:.1f} GiB available: not started"
+        )
+        raise SystemExit(1)
+    top, seconds, peak = peak_of(
+        lambda: lanczos_extreme(hessian, tol=args.tol, max_iter=args.max_iter, seed=0)
+    )
+    print(
+        f"top Hessian eigenvalue ({args.metric}, finite differences, step {args.step}, lean "
+        f"Lanczos): {top.value:.6g} ± {top.residual_bound:.3g} (residual bound, "
+        f"{top.residual_bound / abs(top.value):.2g} relative), {top.iterations} products "
+        f"({'converged' if top.converged else 'not converged'} at tol {args.tol}), base loss "
+        f"{hessian.loss:.4f}, in {seconds:.0f} s, process peak {peak / 2**30:.2f} GiB, "
+        f"{(peak - floor_peak) / param_bytes:.2f} parameter copies above the floor"
+    )
 
 
 def main() -> None:
@@ -111,20 +165,7 @@ def main() -> None:
     _, floor_s, floor_peak = peak_of(floor)
     print(f"floor (forward+backward): {floor_s:.0f} s, process peak {floor_peak / 2**30:.2f} GiB")
     if args.curvature:
-        top, seconds, peak = peak_of(
-            lambda: qg.hessian_eigenvalues(
-                model, loss_fn, [ids], symmetries=geometry, k=1, method="lanczos_lean",
-                product="finite_difference", step=args.step, tol=args.tol, max_iter=args.max_iter,
-            )
-        )  # fmt: skip
-        assert top.residual_bound is not None
-        print(
-            f"top Hessian eigenvalue ({args.metric}, finite differences, lean Lanczos): "
-            f"{top.values[0]:.6g} ± {top.residual_bound:.3g} (residual bound, "
-            f"{top.residual_bound / abs(top.values[0]):.2g} relative), {top.products} products, "
-            f"base loss {top.loss:.4f}, in {seconds:.0f} s, process peak {peak / 2**30:.2f} GiB, "
-            f"{(peak - floor_peak) / param_bytes:.2f} parameter copies above the floor"
-        )
+        curvature(args, model, loss_fn, ids, geometry, floor_peak, param_bytes)
         return
     result, seconds, peak = peak_of(
         lambda: qg.geodesic_sharpness(
