@@ -187,3 +187,17 @@ def test_the_finite_difference_step_reaches_the_operator():
     for fn in (qg.hessian_trace, qg.hessian_eigenvalues, qg.hessian_density):
         with pytest.raises(ValueError, match="step"):
             fn(model, cubic_loss, batches, step=0.0, **kw)
+
+
+def test_with_the_finite_difference_product_and_the_model_restored():
+    model, batches = TwoFactor(6, 5, 2, bias=True, seed=3), data(d_in=6, d_out=5, seed=4)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    kw = dict(symmetries=model.geometry(), progress=False)
+    exact = qg.hessian_eigenvalues(model, cubic_loss, batches, method="exact", **kw)
+    lean = qg.hessian_eigenvalues(
+        model, cubic_loss, batches, method="lanczos_lean", product="finite_difference",
+        tol=1e-10, **kw,
+    )  # fmt: skip
+    assert lean.values == pytest.approx(exact.values, rel=1e-7)  # the difference's O(t²)
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]) and p.grad is None
