@@ -32,6 +32,7 @@ import warnings
 
 import torch
 
+from ..validation import integer, positive_int, positive_real
 from .operator import _SymmetricOperator
 
 Tensor = torch.Tensor
@@ -69,6 +70,9 @@ def lanczos_extreme(
     recurrence without re-orthogonalisation (module docstring), from a standard normal start
     drawn with ``seed`` on ``op``'s device. Warns (``RuntimeWarning``) where ``max_iter``
     products do not reach ``tol``, and returns the value reached with its bound."""
+    tol = positive_real("tol", tol)
+    max_iter = positive_int("max_iter", max_iter)
+    seed = integer("seed", seed)
     D, dtype, device = op.shape[0], op.dtype, op.device
     gen = torch.Generator(device=device).manual_seed(seed)
     v = torch.randn(D, generator=gen, dtype=dtype, device=device)

@@ -166,6 +166,11 @@ def test_bad_input():
         qg.hessian_eigenvalues(model, cubic_loss, batches, tol=0.0, **kw)
     with pytest.raises(ValueError, match="max_iter"):
         qg.hessian_eigenvalues(model, cubic_loss, batches, max_iter=0, **kw)
+    A = Dense(torch.eye(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="max_iter"):
+        lanczos_extreme(A, max_iter=0)
+    with pytest.raises(ValueError, match="tol"):
+        lanczos_extreme(A, tol=-1.0)
     with pytest.raises(ValueError, match="lanczos_lean"):
         qg.hessian_eigenvalues(model, cubic_loss, batches, **(kw | {"method": "lean"}))
 
