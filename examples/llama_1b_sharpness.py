@@ -51,7 +51,7 @@ TINYLLAMA_1B = dict(
 
 #: Vectors of the operator's size the solve adds to the operator's resident memory: ``v_j``,
 #: ``v_{j-1}``, and in each product the two bfloat16 gradients, the gradient gathered in
-#: coordinates and the output (4.55 measured with ``--layers 2``).
+#: coordinates and the output (4.46 measured with ``--layers 2``).
 VECTORS_NEEDED = 5
 
 
