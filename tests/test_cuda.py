@@ -118,3 +118,26 @@ def test_cost_counter_counts_the_wait_not_the_non_blocking_copy():
     with CostCounter() as c:
         assert bool(pinned)
     assert c.host_reads == 1
+
+
+def test_chunks_on_an_accelerator_take_a_larger_share_of_the_parameters():
+    """On CUDA a kind is cut into fewer chunks than on the CPU (fewer kernel launches), with the
+    same value."""
+    from quotientgeo import find_symmetries
+    from quotientgeo.geometry.perturbation import Perturbations
+    from quotientgeo.testing import TinyTransformerClassifier as Model
+
+    torch.manual_seed(0)
+    model = Model(d=512, heads=8, layers=8, classes=3, dim_feedforward=2048).double()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 6, 512, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 3, (4,), generator=gen)
+    counts, values = [], []
+    for device in ("cpu", "cuda"):
+        model = model.to(device)
+        space = Perturbations(find_symmetries(model), "second_order", radius=0.1)
+        counts.append([len(chunks) for chunks in space.chunks])
+        batches = [(x.to(device), y.to(device))]
+        values.append(geodesic_sharpness(model, cross_entropy, batches, metric="mix", **KW).value)
+    assert all(c > g for c, g in zip(counts[0], counts[1], strict=True)), counts
+    assert values[1] == pytest.approx(values[0], rel=1e-9)

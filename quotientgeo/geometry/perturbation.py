@@ -72,7 +72,19 @@ SMALL = 2**22
 #: keeps about a dozen chunk-sized tensors alive (point, iterates, gradient, the map's
 #: vector-Jacobian product), so its transients stay below a tenth of a parameter copy.
 CHUNK_FRACTION = 1 / 128
+#: The fraction on an accelerator (parameters on a device other than the CPU). There every
+#: operator is a kernel launch that the host dispatches in tens of microseconds, and a pass runs
+#: a few dozen of them per chunk whatever its size: at 1/128 a GPT-2-small-sized model is cut
+#: into a chunk per layer and a kind, and the GPU waits for the host. At 1/16 a kind takes a few
+#: chunks; the transients (up to 0.75 parameter copies) fall outside the peak of a forward and
+#: backward pass of modest batches.
+ACCELERATOR_CHUNK_FRACTION = 1 / 16
 MIN_CHUNK_BYTES = 2**22
+
+
+def chunk_fraction(device: torch.device) -> float:
+    """:data:`CHUNK_FRACTION` on the CPU, :data:`ACCELERATOR_CHUNK_FRACTION` elsewhere."""
+    return CHUNK_FRACTION if device.type == "cpu" else ACCELERATOR_CHUNK_FRACTION
 
 
 def in_ball(manifold: QuotientManifold, radius: float | None) -> QuotientManifold:
@@ -443,8 +455,8 @@ class Perturbations:
             :class:`~quotientgeo.FrameDamping` (or ``BallDamping``) that takes it from the ball
             (:func:`in_ball`).
         chunk_bytes: the largest chunk of symmetry blocks, in bytes of the compute dtype
-            (``None``: :data:`CHUNK_FRACTION` of the bytes of the parameters this rank holds, in
-            their own dtype; at least :data:`MIN_CHUNK_BYTES`, at least one block).
+            (``None``: :func:`chunk_fraction` of the device, of the bytes of the parameters this
+            rank holds, in their own dtype; at least :data:`MIN_CHUNK_BYTES`, at least one block).
 
     ``params`` are the trainable parameters by name; :meth:`local` gives their local parts
     (the tensors that the parts read and write); ``chunks`` lists the chunks kind by kind,
@@ -472,7 +484,8 @@ class Perturbations:
         #: Bytes of the parameters' local parts, in their own dtype: one parameter copy here.
         self.held_bytes = sum(sh.local(p).nbytes for p in self.params.values())
         if chunk_bytes is None:  # a fraction of what this rank holds
-            chunk_bytes = max(int(self.held_bytes * CHUNK_FRACTION), MIN_CHUNK_BYTES)
+            device = next((p.device for p in self.params.values()), torch.device("cpu"))
+            chunk_bytes = max(int(self.held_bytes * chunk_fraction(device)), MIN_CHUNK_BYTES)
         self.chunk_bytes = chunk_bytes
         self.chunks: list[list[BlockChunk]] = []
         #: Each kind's manifold as the ball perturbs it (:func:`in_ball`).

@@ -694,3 +694,11 @@ def test_block_views_write_points_as_scatter_does(case, seed):
     gathered, _ = geometry.gather(tensors)
     for r, g in zip(read, gathered, strict=True):
         assert torch.equal(r, g)
+
+
+def test_chunk_fraction_is_larger_on_an_accelerator():
+    from quotientgeo.geometry import perturbation as p
+
+    assert p.chunk_fraction(torch.device("cpu")) == p.CHUNK_FRACTION
+    assert p.chunk_fraction(torch.device("cuda")) == p.ACCELERATOR_CHUNK_FRACTION
+    assert p.ACCELERATOR_CHUNK_FRACTION > p.CHUNK_FRACTION
