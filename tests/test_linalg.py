@@ -217,9 +217,13 @@ def test_expm_agrees_with_matrix_exp_and_scipy(batch, k, exponents, seed, deferr
     ref_scipy = torch.from_numpy(np.stack([scipy.linalg.expm(a) for a in flat])).reshape(A.shape)
 
     # the truncation is a relative backward error (of Aᵢ) of order θ¹²/13!: the forward error
-    # grows with ‖Aᵢ‖₁ (the previous algorithm's too); 1e-13 up to ‖Aᵢ‖₁ = 1
+    # grows with ‖Aᵢ‖₁ (the previous algorithm's too); 1e-13 up to ‖Aᵢ‖₁ = 1. SciPy's
+    # (Al-Mohy & Higham) is the oracle; torch.linalg.matrix_exp is itself off by up to ~1e-12
+    # at small norms (its low-degree approximants), so against it the bound adds its own
+    # distance from SciPy (triangle inequality)
     bound = 1e-13 * (10**norms).clamp_min(1)
-    assert (_rel_errs(E, ref) <= bound).all() and (_rel_errs(E, ref_scipy) <= bound).all()
+    assert (_rel_errs(E, ref_scipy) <= bound).all()
+    assert (_rel_errs(E, ref) <= bound + _rel_errs(ref, ref_scipy)).all()
 
 
 @given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 5))
