@@ -8,14 +8,12 @@ one orbit one function on the GPU.
 from __future__ import annotations
 
 import copy
-import itertools
 
 import pytest
 import torch
 
 from quotientgeo import adaptive_sharpness, geodesic_sharpness
 from quotientgeo.optim import GeodesicSAM
-from quotientgeo.sharpness import objective as objective_module
 from quotientgeo.testing import TinyTransformerClassifier, cross_entropy, moved_along_orbits
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -41,26 +39,6 @@ def test_cuda_equals_cpu(measure):
             r = geodesic_sharpness(model, cross_entropy, batches, metric=measure, **KW)
             values.append(r.value)
     assert values[1] == pytest.approx(values[0], rel=1e-9)
-
-
-def test_best_point_read_at_the_step_is_the_host_decisions(monkeypatch):
-    """30 steps at a large radius, some failing to improve: the comparison copied to pinned
-    memory and read at the step keeps the best point that decisions on the host keep."""
-    model, batches = problem("cuda")
-    kw = dict(rho=1.0, n_iter=30, restarts=2, seed=0, progress=False, return_perturbation=True)
-    device = geodesic_sharpness(model, cross_entropy, batches, metric="mix", **kw)
-    monkeypatch.setattr(objective_module, "host_tracking", lambda device: True)
-    host = geodesic_sharpness(model, cross_entropy, batches, metric="mix", **kw)
-    trace = host.trace[0][0]  # the best loss after each iterate of the first restart
-    assert any(b <= a for a, b in itertools.pairwise(trace)), "every step improved: vacuous"
-    # the same kernels on the same data; tolerances only for kernels that are not bitwise
-    # deterministic: a different best point or restart would differ by far more
-    torch.testing.assert_close(
-        torch.tensor(device.trace), torch.tensor(host.trace), rtol=1e-12, atol=0
-    )
-    assert device.perturbations is not None and host.perturbations is not None
-    for name, t in host.perturbations[0].items():
-        torch.testing.assert_close(device.perturbations[0][name], t, rtol=1e-12, atol=1e-15)
 
 
 def test_bfloat16_model_on_cuda():

@@ -10,7 +10,7 @@ more than a part of the model in the compute dtype at a time:
   from parameter tensors as points ``(heads, Σk, h)`` and written back into them; the blocks of
   a sharded parameter are read whole (an all-gather of those parameters, never of the model);
 - a :class:`Piece`: entries of the adaptive rest, whole small parameters and slices of large
-  ones (:data:`PIECE` entries at most), read as one vector.
+  ones (``Perturbations.piece_size`` entries at most), read as one vector.
 
 :class:`Perturbations` lists the parts of a geometry; a part at a base point is a
 :class:`PerturbationSpace`: its manifold at the cached point, the map that applies a tangent
@@ -57,7 +57,9 @@ MOVES = {
     Perturbation.EXACT: "expmap",
 }
 
-#: Entries of one :class:`Piece` (of the adaptive rest, or of an element-wise pass).
+#: The fewest entries a :class:`Piece` (of the adaptive rest, or of an element-wise pass) may
+#: hold: a piece holds up to ``Perturbations.piece_size`` entries, this or a chunk's worth of
+#: the compute dtype, whichever is more.
 PIECE = 2**22
 #: Parameters of fewer entries share pieces (read as one concatenated copy, written back in one
 #: ``_foreach_copy_``); larger ones are read as views of themselves, sliced into pieces. A
@@ -307,11 +309,11 @@ class Segment:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Piece:
-    """Entries of parameters, at most :data:`PIECE` of them: several whole small parameters,
-    read as one vector (the segments concatenated) and written back segment by segment, or a
-    slice of one large parameter, read as a view. A piece of the adaptive rest moves along
-    straight lines in ``manifold``'s metric; ``sharded``: its parameters are this rank's parts
-    of sharded ones."""
+    """Entries of parameters, at most ``Perturbations.piece_size`` of them: several whole small
+    parameters, read as one vector (the segments concatenated) and written back segment by
+    segment, or a slice of one large parameter, read as a view. A piece of the adaptive rest
+    moves along straight lines in ``manifold``'s metric; ``sharded``: its parameters are this
+    rank's parts of sharded ones."""
 
     segments: tuple[Segment, ...]
     manifold: QuotientManifold | None = None
@@ -340,17 +342,28 @@ class Piece:
             out.append(t.view(-1)[seg.start : seg.stop])
         return out
 
+    def differences(
+        self, a: Mapping[str, Tensor], b: Mapping[str, Tensor], dtype: torch.dtype
+    ) -> list[Tensor]:
+        """``a - b`` at each segment's entries, in ``dtype``: one ``_foreach_sub`` of their
+        views where every segment is a plain view (:meth:`views`), else segment by segment."""
+        va, vb = self.views(a, dtype), self.views(b, dtype)
+        if va is None or vb is None:
+            return [
+                seg.of(a[seg.name]).to(dtype) - seg.of(b[seg.name]).to(dtype)
+                for seg in self.segments
+            ]
+        if len(va) == 1:
+            return [va[0] - vb[0]]
+        return list(torch._foreach_sub(va, vb))  # pyright: ignore[reportPrivateImportUsage]
+
     def difference(
         self, a: Mapping[str, Tensor], b: Mapping[str, Tensor], dtype: torch.dtype
     ) -> Tensor:
-        """``a - b`` at the piece's entries, in ``dtype``: of several segments, one
-        ``_foreach_sub`` of their views and one concatenation of the differences (not two
-        concatenations and a subtraction)."""
-        va, vb = self.views(a, dtype), self.views(b, dtype)
-        if va is None or vb is None or len(va) == 1:
-            return self.read(a, dtype) - self.read(b, dtype)
-        diffs = torch._foreach_sub(va, vb)  # pyright: ignore[reportPrivateImportUsage]
-        return torch.cat(diffs)
+        """``a - b`` at the piece's entries, in ``dtype``: the :meth:`differences` of its
+        segments, concatenated (not two concatenations and a subtraction)."""
+        diffs = self.differences(a, b, dtype)
+        return diffs[0] if len(diffs) == 1 else torch.cat(diffs)
 
     @torch.no_grad()
     def write_sum_(
@@ -411,17 +424,18 @@ class Piece:
 
 def cut(entries: list[tuple[str, int, Tensor | None]], size: int = 0) -> list[list[Segment]]:
     """``entries`` (``(name, numel, mask)``, in order) cut into pieces of at most ``size``
-    (default :data:`PIECE`) entries: parameters of fewer than :data:`SMALL` entries share
-    pieces, read as one vector (a copy, but one operation instead of many); larger ones are
-    sliced into pieces of their own, read as views. A mask selects the entries of a parameter
-    that count."""
+    (default :data:`PIECE`) entries: parameters of fewer than :data:`SMALL` entries (scaled by
+    ``size / PIECE`` for larger pieces) share pieces, read as one vector (a copy, but one
+    operation instead of many); larger ones are sliced into pieces of their own, read as
+    views. A mask selects the entries of a parameter that count."""
     size = size or PIECE
+    small = SMALL if size <= PIECE else SMALL * size // PIECE
     out: list[list[Segment]] = []
     shared: list[Segment] = []
     used = 0
     for name, n, mask in entries:
         flat_mask = None if mask is None else mask.view(-1)
-        if n >= SMALL:
+        if n >= small:
             for start in range(0, n, size):
                 stop = min(n, start + size)
                 out.append([Segment(name, start, stop, _slice(flat_mask, start, stop))])
@@ -487,6 +501,10 @@ class Perturbations:
             device = next((p.device for p in self.params.values()), torch.device("cpu"))
             chunk_bytes = max(int(self.held_bytes * chunk_fraction(device)), MIN_CHUNK_BYTES)
         self.chunk_bytes = chunk_bytes
+        #: Entries of a piece: :data:`PIECE`, or a chunk's worth where that is more (on an
+        #: accelerator, or on the CPU for models of more than 2 GB in float32), so that the
+        #: number of pieces, and of the operators of a pass, stays bounded as models grow.
+        self.piece_size = max(PIECE, chunk_bytes // size)
         self.chunks: list[list[BlockChunk]] = []
         #: Each kind's manifold as the ball perturbs it (:func:`in_ball`).
         self.manifolds: list[QuotientManifold] = [in_ball(k.manifold, radius) for k in plan.kinds]
@@ -521,7 +539,8 @@ class Perturbations:
                 if sh.is_sharded(p) == sharded:
                     mask = self._rest_mask(name) if masked else None
                     entries.append((name, sh.local(p).numel(), mask))
-            out += [Piece(tuple(segs), self.rest_manifold, sharded) for segs in cut(entries)]
+            pieces = cut(entries, self.piece_size)
+            out += [Piece(tuple(segs), self.rest_manifold, sharded) for segs in pieces]
         return out
 
     def _rest_mask(self, name: str) -> Tensor | None:

@@ -43,8 +43,8 @@ class Iterates(Protocol):
         """``f(ξ_k)`` (0-dim); with ``grad``, what :meth:`gradient` needs is kept."""
         ...
 
-    def keep_best(self, keep: Tensor | bool) -> None:
-        """``best ← ξ_k`` where ``keep``: called after every :meth:`value` of an iterate, before
+    def keep_best(self, keep: bool) -> None:
+        """``best ← ξ_k`` if ``keep``: called after every :meth:`value` of an iterate, before
         its gradient is taken (so a best point that ``ξ_k`` replaces can go before the
         backward pass)."""
         ...
@@ -120,55 +120,57 @@ def auto_pgd(
             non-finite values).
         advance: called once per iteration (a progress bar).
 
-    One code path on every device, at most one host read per iteration: the comparison with
-    the best value, the count of improving steps and the restart decision are computed on the
-    device (``torch.where``); between checkpoints :meth:`Iterates.keep_best` gets the 0-dim
-    comparison, which the iterates read once, when it costs least (at once on the CPU, once
-    the backward pass is queued on an accelerator); at a checkpoint the comparison, the
-    restart decision (stalled or frozen) and whether the values so far are finite are read
-    together, in one host read.
+    One code path on every device, one host read per iteration: after the forward pass of
+    ``ξ_k``, whether it beats the best value (at a checkpoint together with whether the values
+    so far are finite). The read comes before the backward pass, so a best point that ``ξ_k``
+    replaces is freed before it; on an accelerator the device then waits only while the host
+    queues the backward pass's first kernels. The count of improving steps and the restart
+    decision follow on the host: the best value is unchanged since the last checkpoint exactly
+    when no step since then improved it.
     """
     marks = set(checkpoints(n_iter))
     eta, prev_eta, prev_cp = 2.0 * rho, 2.0 * rho, 0
-    losses = best = n_updates = prev_best = None
+    losses: Tensor | None = None
+    best: Tensor | None = None
+    n_updates = 0
     for k in range(n_iter + 1):
         last = k == n_iter
         loss = iterates.value(k, not last)
-        keep: Tensor | bool
+        marked = k in marks and not last
         if k == 0:
             losses = torch.empty(n_iter + 1, dtype=loss.dtype, device=loss.device)
-            n_updates = torch.zeros((), dtype=torch.int64, device=loss.device)
             losses[0] = loss
-            if not bool(torch.isfinite(loss)):
+            if not bool(torch.isfinite(loss)):  # the one host read
                 check(losses[:1])
-            best, keep, prev_best = loss, True, loss
+            best, keep = loss, True
         else:
-            assert losses is not None and best is not None and n_updates is not None
+            assert losses is not None and best is not None
             losses[k] = loss
-            keep = loss > best
-            n_updates += keep
-            best = torch.where(keep, loss, best)
-        assert losses is not None and n_updates is not None and prev_best is not None
+            better = loss > best
+            if marked:
+                finite = torch.isfinite(losses[: k + 1]).all()
+                code = int(better + 2 * ~finite)  # the one host read
+                keep = bool(code & 1)
+                if code & 2:
+                    check(losses[: k + 1])
+            else:
+                keep = bool(better)  # the one host read
+            if keep:
+                best, n_updates = loss, n_updates + 1
         restart = False
-        if k in marks and not last:
+        if marked:
             # stalled, or frozen (neither the step nor the best value changed)
-            stalled = n_updates < MIN_UPDATE_RATIO * (k - prev_cp)
-            if prev_eta == eta:
-                stalled = stalled | (best == prev_best)
-            finite = torch.isfinite(losses[: k + 1]).all()
-            code = int(keep + 2 * stalled + 4 * ~finite)  # the one host read
-            keep, restart = bool(code & 1), bool(code & 2)
-            if code & 4:
-                check(losses[: k + 1])
-            prev_eta, prev_best, prev_cp = eta, best, k
-            n_updates.zero_()
+            restart = n_updates < MIN_UPDATE_RATIO * (k - prev_cp) or (
+                prev_eta == eta and n_updates == 0
+            )
+            prev_eta, prev_cp, n_updates = eta, k, 0
         iterates.keep_best(keep)
         if last:
             break
         advance()
         if restart:
             eta *= 0.5
-            iterates.restart(bool(keep), k)
+            iterates.restart(keep, k)
         else:
             iterates.gradient()
         c = step_coefficients(iterates.gram(), eta, rho, first=k == 0)

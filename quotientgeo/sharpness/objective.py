@@ -20,15 +20,33 @@ buffer          size                       why
 ``.grad``       (the backward pass's own)  ``∇L(w̃)``, then the step's gradient in place
 ==============  =========================  ===================================================
 
-Whether ``ξ_k`` is the new best point is known after its forward pass: a best point of its own
-is freed then, before the backward pass, and the step writes ``ξ_k`` once, as the previous
-iterate that is also the best. So an ascent that improves at every step, or at every other
-step, holds two copies besides the model's weights, its gradients and ``current``; a step after
-two that did not improve holds three (Auto-PGD's checkpoints restart such runs; a restart
-hands the best point's buffers to ``ξ_{k-1}``). On an accelerator the comparison is computed on
-the device and read on the host only at the step, once the backward pass is queued behind it,
-so that no iteration waits for the device's queue to empty: there the best point has buffers of
-its own at a step after one that did not improve it.
+Whether ``ξ_k`` is the new best point is known after its forward pass (Auto-PGD reads the
+comparison then, on every device): a best point of its own is freed then, before the backward
+pass, and the step writes ``ξ_k`` once, as the previous iterate that is also the best. So an
+ascent that improves at every step, or at every other step, holds two copies besides the
+model's weights, its gradients and ``current``; a step after two that did not improve holds
+three (Auto-PGD's checkpoints restart such runs; a restart hands the best point's buffers to
+``ξ_{k-1}``). Where the best iterate is (:class:`Best`), and how each event of a run moves it,
+one method per event:
+
+======================  ====================  ========================  ========================
+event (method)          best is ξ_k           best is ξ_{k-1}           best is older
+                        (``CURRENT``)         (``PREVIOUS``)            (``OWN``)
+======================  ====================  ========================  ========================
+start                   ``PREVIOUS``:         ``PREVIOUS``              ``PREVIOUS``; its
+(:meth:`begin`)         ξ_0 = ξ_{-1}                                    buffers are dropped
+ξ_k beats the best      ``CURRENT``           ``CURRENT``               ``CURRENT``; its
+(:meth:`keep_best`)                                                     buffers are freed
+step                    ``PREVIOUS``: ξ_k is  ``OWN``: ξ_{k-1}'s        ``OWN``
+(:meth:`advance`)       written once, as      buffers become the best
+                        ξ_{k-1}               point's, ξ_k goes to
+                                              fresh ones
+restart                 ``CURRENT``:          ``CURRENT``: ξ_k ←        ``CURRENT``: its buffers
+(:meth:`restart`)       ξ_{k-1} ← ξ_k         ξ_{k-1}, evaluated        become ξ_{k-1}'s, ξ_k ←
+                                              again                     them, evaluated again
+end                     ``PREVIOUS``:         ``PREVIOUS``              ``OWN``
+(:meth:`best_iterate`)  ξ_{k-1} ← ξ_k
+======================  ====================  ========================  ========================
 
 The backward pass does not read a weight again once that weight's gradient is accumulated, so
 at that moment a hook moves ``ξ_k`` of a symmetric parameter into the parameter's own storage
@@ -52,6 +70,7 @@ chooses the combination from it.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -69,7 +88,15 @@ from .ranks import Local, add_note
 
 Tensor = torch.Tensor
 
-__all__ = ["Objective", "Where"]
+__all__ = ["Best", "Objective", "Where"]
+
+
+class Best(str, enum.Enum):
+    """Which tensors hold Auto-PGD's best iterate (the module's table of transitions)."""
+
+    CURRENT = "current"  #: ξ_k's
+    PREVIOUS = "previous"  #: ξ_{k-1}'s
+    OWN = "own"  #: buffers of its own (``Objective.best``): it is older than both
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,11 +173,8 @@ class Objective:
         self._last_piece = {n: i for i, piece in enumerate(space.pieces) for n in piece.names}
         self.previous = space.empty()  # ξ_{k-1} (the average measure's scratch)
         self.worst_case = worst_case
-        # The best iterate is ξ_k ("current") or ξ_{k-1} ("previous") - those very tensors - or
-        # has buffers of its own ("own": ``best``), only while it is older than both.
-        self._best = "previous"
-        self.best: dict[str, Tensor] | None = None
-        self._pending_keep: _HostFlag | None = None  # on an accelerator: best ← ξ_k if true
+        self._best = Best.PREVIOUS
+        self.best: dict[str, Tensor] | None = None  # the buffers of the best iterate, if OWN
         self.batch: Any = None
         self.where = Where(0)
         self._pending: tuple[Tensor, Where] | None = None  # a forward pass to differentiate
@@ -200,11 +224,12 @@ class Objective:
         ``current`` where it is held there)."""
         if all(seg.name not in self.current for seg in piece.segments):  # read off the weights
             return piece.difference(self.weights, self.x0, self.dtype)
+        off = tuple(seg for seg in piece.segments if seg.name not in self.current)
+        diffs = iter(Piece(off).differences(self.weights, self.x0, self.dtype) if off else [])
         parts = [
             seg.of(self.current[seg.name]).to(self.dtype)
             if seg.name in self.current
-            else seg.of(self.weights[seg.name]).to(self.dtype)
-            - seg.of(self.x0[seg.name]).to(self.dtype)
+            else next(diffs)
             for seg in piece.segments
         ]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -239,8 +264,11 @@ class Objective:
     def _set_current_(self, source: Mapping[str, Tensor]) -> None:
         """``ξ_k ← source`` (the model moved there)."""
         self._unpark()
-        for name, t in self.current.items():
-            t.copy_(source[name])
+        if self.current:
+            names = list(self.current)
+            torch._foreach_copy_(  # pyright: ignore[reportPrivateImportUsage]
+                [self.current[n] for n in names], [source[n] for n in names]
+            )
         self._move_(source)
 
     # ------------------------------------------------------------------ Auto-PGD's iterates
@@ -248,7 +276,7 @@ class Objective:
         """Start on ``batch`` from ``ξ_0 = 0`` (``gen=None``) or from a random horizontal
         direction of norm ``rho``; ``ξ_{-1} = ξ_0``."""
         self.batch, self.where = batch, where
-        self._best, self.best, self._pending_keep = "previous", None, None
+        self._best, self.best = Best.PREVIOUS, None
         self.checks.pending.clear()
         if gen is None:
             for t in self.previous.values():
@@ -371,19 +399,19 @@ class Objective:
         model moves to ``γ_{ξ_{k+1}}(1)``. Piece by piece: a buffer that must keep its value
         (``ξ_k`` parked in the weights, ``ξ_{k-1}`` as the best point) is replaced by a fresh one
         at the parameter's first piece, and every parameter's gradient is freed after its last
-        one, so the step holds no more than the end of the backward pass did. A comparison
-        left on the device by :meth:`keep_best` is read first: the backward pass is queued."""
-        self._decide_on_host()
+        one, so the step holds no more than the end of the backward pass did. The best point
+        moves with the iterates (module docstring): from ``CURRENT`` to ``PREVIOUS``, from
+        ``PREVIOUS`` to ``OWN``."""
         grads = self.gradients()
         c0, c1, c2 = (c[i].to(self.dtype) for i in range(3))
-        best_is_previous = self._best == "previous"  # ξ_{k-1} stays, as the best point
+        best_is_previous = self._best is Best.PREVIOUS  # ξ_{k-1} stays, as the best point
         target, previous = dict(self.current), dict(self.previous)  # where ξ_{k+1}, ξ_k go
         for i, piece in enumerate(self.space.pieces):
-            for name in piece.names:
-                if name in self._parked and target[name] is self.current[name]:
-                    target[name] = _fresh(self.current[name])
-                if best_is_previous and previous[name] is self.previous[name]:
-                    previous[name] = _fresh(self.previous[name])
+            parked = [n for n in piece.names if n in self._parked and target[n] is self.current[n]]
+            target.update(_fresh(self.current, parked))
+            if best_is_previous:
+                kept = [n for n in piece.names if previous[n] is self.previous[n]]
+                previous.update(_fresh(self.previous, kept))
             xi = self._xi(piece)
             new = xi * c0
             new.addcmul_(piece.read(self.previous, self.dtype), c1)
@@ -397,46 +425,28 @@ class Objective:
                     del grads[name]
                     self.space.params[name].grad = None
         if best_is_previous:
-            self._best, self.best = "own", self.previous
-        elif self._best == "current":
-            self._best = "previous"
+            self._best, self.best = Best.OWN, self.previous
+        elif self._best is Best.CURRENT:
+            self._best = Best.PREVIOUS
         self.current, self.previous = target, previous
         self._parked.clear()
         for p in self.space.params.values():
             p.grad = None
         self._move_blocks_(self.current)
 
-    def keep_best(self, keep: Tensor | bool) -> None:
-        """``best ← ξ_k`` where ``keep``. A ``bool`` takes effect at once: the best point *is*
-        ``ξ_k`` from now, and a best point of its own is freed before the backward pass. A
-        0-dim tensor (the comparison, computed on the device) is read on the host once, when
-        that costs least (:func:`host_tracking`): at once where the device is the host (then
-        as a ``bool``), else once the backward pass is queued behind it: by the step
-        (:meth:`advance`), a restart, or the end of the run."""
-        if not self.worst_case or keep is False:
-            return
-        if isinstance(keep, Tensor):
-            if not host_tracking(keep.device):
-                self._pending_keep = _HostFlag(keep)
-                return
-            keep = bool(keep)
-        if keep:
-            self._best, self.best = "current", None
-
-    def _decide_on_host(self) -> None:
-        """A pending decision of :meth:`keep_best` taken on the host."""
-        keep, self._pending_keep = self._pending_keep, None
-        if keep is not None and bool(keep):
-            self._best, self.best = "current", None
+    def keep_best(self, keep: bool) -> None:
+        """``best ← ξ_k`` if ``keep``: the best point *is* ``ξ_k`` from now, and a best point of
+        its own is freed, before the backward pass."""
+        if self.worst_case and keep:
+            self._best, self.best = Best.CURRENT, None
 
     def best_iterate(self) -> dict[str, Tensor]:
         """The best iterate of the last Auto-PGD run (parameter coordinates, local parts): the
         objective's own tensors, valid until the next :meth:`begin`."""
-        self._decide_on_host()
-        if self._best == "current":
+        if self._best is Best.CURRENT:
             self._copy_current_(self.previous)  # ξ_{k-1} is not needed once the run is over
-            self._best = "previous"
-        if self._best == "previous":
+            self._best = Best.PREVIOUS
+        if self._best is Best.PREVIOUS:
             return self.previous
         assert self.best is not None
         return self.best
@@ -446,20 +456,19 @@ class Objective:
         """``ξ_k = ξ_{k-1} = best``, with the gradient at ``best`` in ``.grad``: the backward
         pass of the current iterate's forward pass where ``best`` is the current iterate, else
         (that graph dropped) one more forward and backward pass at ``best``."""
-        self._decide_on_host()
         if best_is_current:
-            assert self._best == "current"
+            assert self._best is Best.CURRENT
             self.gradient()
             self._copy_current_(self.previous)
         else:
             self._drop_gradient()
-            if self._best == "own":  # its buffers become ξ_{k-1}'s; ξ_{k-1}'s are freed
+            if self._best is Best.OWN:  # its buffers become ξ_{k-1}'s; ξ_{k-1}'s are freed
                 assert self.best is not None
-                self.previous, self.best, self._best = self.best, None, "previous"
+                self.previous, self.best, self._best = self.best, None, Best.PREVIOUS
             self._set_current_(self.previous)
             self.evaluate(self.where.iteration(k), grad=True)
             self.gradient()
-        self._best, self.best = "current", None  # (and ξ_{k-1}): no buffer of its own
+        self._best, self.best = Best.CURRENT, None  # (and ξ_{k-1}): no buffer of its own
 
     # ------------------------------------------------------------------ the result
     @torch.no_grad()
@@ -545,41 +554,24 @@ class Objective:
         raise ValueError(f"{message}; the model is restored")
 
 
-def host_tracking(device: torch.device) -> bool:
-    """Whether :meth:`Objective.keep_best` reads a comparison on the host at once (free where
-    the device is the host: the CPU) rather than once the backward pass is queued."""
-    return device.type == "cpu"
-
-
 def _recomputes_forward(model: nn.Module) -> bool:
     """Whether the model recomputes parts of its forward pass in the backward pass (Hugging
     Face's activation checkpointing), reading weights whose gradient is already accumulated."""
     return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
 
-class _HostFlag:
-    """A 0-dim boolean of the device, copied to the host behind the work queued so far.
-
-    ``bool()`` waits for the copy only, not for work queued after it: read after the backward
-    pass is queued, it leaves the accelerator that backward pass to run meanwhile, so no
-    iteration waits for its queue to empty (``bool(tensor)`` would wait for the whole queue).
-    """
-
-    def __init__(self, flag: Tensor):
-        self.event = None
-        if flag.is_cuda:
-            self.flag = torch.empty((), dtype=flag.dtype, pin_memory=True)
-            self.flag.copy_(flag, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-        else:
-            self.flag = flag
-
-    def __bool__(self) -> bool:
-        if self.event is not None:
-            self.event.synchronize()
-        return bool(self.flag)
-
-
-def _fresh(t: Tensor) -> Tensor:
-    return torch.empty_like(t, memory_format=torch.contiguous_format)
+def _fresh(tensors: Mapping[str, Tensor], names: list[str]) -> dict[str, Tensor]:
+    """New contiguous tensors shaped as ``tensors[name]`` for ``names`` (a piece's parameters):
+    views of one allocation where they share a dtype and a device, so that a piece's small
+    parameters cost one allocation, not one each (they are freed together)."""
+    like = [tensors[n] for n in names]
+    if len({(t.dtype, t.device) for t in like}) > 1:
+        return {
+            n: torch.empty_like(t, memory_format=torch.contiguous_format)
+            for n, t in zip(names, like, strict=True)
+        }
+    if not like:
+        return {}
+    flat = torch.empty(sum(t.numel() for t in like), dtype=like[0].dtype, device=like[0].device)
+    views = flat.split([t.numel() for t in like])
+    return {n: v.view(t.shape) for n, v, t in zip(names, views, like, strict=True)}

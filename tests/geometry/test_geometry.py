@@ -702,3 +702,36 @@ def test_chunk_fraction_is_larger_on_an_accelerator():
     assert p.chunk_fraction(torch.device("cpu")) == p.CHUNK_FRACTION
     assert p.chunk_fraction(torch.device("cuda")) == p.ACCELERATOR_CHUNK_FRACTION
     assert p.ACCELERATOR_CHUNK_FRACTION > p.CHUNK_FRACTION
+
+
+@given(
+    widths=st.lists(st.integers(1, 40), min_size=1, max_size=6),
+    piece=st.integers(4, 64),
+    chunk_entries=st.integers(0, 400),
+)
+@settings(max_examples=40, deadline=None)
+def test_pieces_take_a_chunks_worth_where_that_is_more(widths, piece, chunk_entries):
+    """A piece holds ``max(PIECE, chunk_bytes / entry size)`` entries (a slice of a larger
+    parameter), or parameters of fewer entries than that (``SMALL`` scaled alike) until they
+    reach it; every entry is in exactly one piece."""
+    from quotientgeo.geometry import perturbation as p
+
+    layers = [nn.Linear(a, b) for a, b in zip([3, *widths], widths, strict=False)]
+    model = nn.Sequential(*layers).double()
+    with mock.patch.object(p, "PIECE", piece), mock.patch.object(p, "SMALL", piece):
+        space = p.Perturbations(
+            ParameterGeometry(model), "second_order", chunk_bytes=8 * chunk_entries
+        )
+        size = max(piece, chunk_entries)
+        assert space.piece_size == size
+        seen = []
+        for part in space.pieces:
+            if len(part.segments) > 1:  # shared only by parameters smaller than a piece, and
+                # closed once it holds a piece's worth
+                assert all(space.params[seg.name].numel() < size for seg in part.segments)
+                assert sum(seg.size for seg in part.segments[:-1]) < size
+            else:
+                assert part.segments[0].size <= size
+            seen += [(seg.name, i) for seg in part.segments for i in range(seg.start, seg.stop)]
+        expected = [(n, i) for n, t in space.params.items() for i in range(t.numel())]
+        assert sorted(seen) == sorted(expected)  # (sliced parameters come before shared ones)

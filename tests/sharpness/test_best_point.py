@@ -4,11 +4,10 @@ The objective keeps the best iterate in buffers of its own only while it is olde
 current iterate ``ξ_k`` and the previous one ``ξ_{k-1}``; otherwise it *is* one of them. These
 tests follow every run with an independent bookkeeping of Auto-PGD's iterates (copies taken
 after each evaluation) and check, at every step, that the previous iterate, the current one and
-the best one hold exactly what Auto-PGD says, that the result is the best evaluated point, and,
-that no buffer of its own exists when it is not needed: where the decisions are taken on the
-host, while the best point is older than both iterates; where the comparison is read on the
-host at the step (on an accelerator), while it is older than ``ξ_{k-1}`` before ``ξ_k`` was
-evaluated; and never during a restart's backward pass.
+the best one hold exactly what Auto-PGD says, that the result is the best evaluated point,
+that the best point has a buffer of its own exactly while it is older than both iterates (never
+during a restart's backward pass), and that every state and transition of the objective's table
+occurs.
 """
 
 from __future__ import annotations
@@ -32,13 +31,12 @@ class _Book:
     """Auto-PGD's iterates as copies: ``(id, tensors)`` of ξ_k, ξ_{k-1} and the best one."""
 
     def __init__(self):
-        self.cur = self.prev = self.best = self.best_before = None
+        self.cur = self.prev = self.best = None
         self.best_loss = None
         self.restarting = False
         self.count = 0
         self.states: set[str] = set()
         self.restarts_from_earlier = 0
-        self.decided = False  # the last comparison was read at once (a bool, or on the host)
 
     def snapshot(self, obj):
         out = obj.space.empty()
@@ -53,7 +51,7 @@ def _equal(a, b, what):
         assert torch.equal(a[name], b[name]), f"{what}: {name}"
 
 
-def _follow(monkeypatch, host: bool) -> _Book:
+def _follow(monkeypatch) -> _Book:
     book = _Book()
     names = ("begin", "value", "keep_best", "restart", "gradient", "gram", "advance")
     real = {n: getattr(Objective, n) for n in names}
@@ -67,13 +65,13 @@ def _follow(monkeypatch, host: bool) -> _Book:
 
     def value(self, k, grad):
         loss = real["value"](self, k, grad)
-        book.cur, book.best_before = book.snapshot(self), book.best
+        book.cur = book.snapshot(self)
         if book.best_loss is None or float(loss) > book.best_loss:
             book.best, book.best_loss = book.cur, float(loss)
         return loss
 
     def keep_best(self, keep):
-        book.decided = host or isinstance(keep, bool)  # Auto-PGD's checkpoints read it at once
+        assert isinstance(keep, bool)  # read on the host, after the forward pass
         real["keep_best"](self, keep)
 
     def restart(self, best_is_current, k):
@@ -84,7 +82,6 @@ def _follow(monkeypatch, host: bool) -> _Book:
         book.restarting = False
         # the same point; as the weights hold it, ``x + ξ`` read back is rounded
         book.prev, book.cur = book.best, (book.best[0], book.snapshot(self)[1])
-        book.best_before = book.best
 
     def gradient(self):
         if book.restarting:  # ξ_{k-1} holds the best point: no buffer of its own
@@ -96,10 +93,9 @@ def _follow(monkeypatch, host: bool) -> _Book:
         now = book.snapshot(self)[1]
         _equal(now, book.cur[1], "ξ_k")
         book.states.add(self._best)
-        # a buffer of its own exactly while the best point known to the objective is older
-        # than both iterates (read at once: known since ξ_k was evaluated; else: before)
-        known = book.best if book.decided else book.best_before
-        own = known is not None and known[0] not in (book.cur[0], book.prev[0])
+        # a buffer of its own exactly while the best point is older than both iterates
+        best = book.best
+        own = best is not None and best[0] not in (book.cur[0], book.prev[0])
         assert (self.best is not None) == own, (self._best, own)
         return real["gram"](self)
 
@@ -115,16 +111,13 @@ def _follow(monkeypatch, host: bool) -> _Book:
     wrappers = [begin, value, keep_best, restart, gradient, gram, advance, best_iterate]
     for fn in wrappers:
         monkeypatch.setattr(Objective, fn.__name__, fn)
-    if not host:
-        monkeypatch.setattr(objective_module, "host_tracking", lambda device: False)
     return book
 
 
-@pytest.mark.parametrize("host", [True, False], ids=["host", "device"])
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_the_iterates_and_the_best_point_are_what_auto_pgd_says(name, host, monkeypatch):
+def test_the_iterates_and_the_best_point_are_what_auto_pgd_says(name, monkeypatch):
     model, loss_fn = regression(name)
-    book = _follow(monkeypatch, host)
+    book = _follow(monkeypatch)
     adaptive_kw = dict(n_iter=30, restarts=2, seed=0, progress=False)
     kw = dict(adaptive_kw, return_perturbation=True)
     results = []
@@ -137,19 +130,6 @@ def test_the_iterates_and_the_best_point_are_what_auto_pgd_says(name, host, monk
             adaptive_sharpness(model, loss_fn, [None], rho=rho, **adaptive_kw),
         ]
     assert book.restarts_from_earlier > 0, "no restart from an earlier best point: vacuous"
-    expected = {"current", "previous", "own"} if host else {"previous", "own"}
-    assert expected <= book.states, book.states
+    assert set(objective_module.Best) <= book.states, book.states
     for result in results:  # the result is the best evaluated value, whatever held the point
         assert result.worst_losses[0] == max(max(t) for t in result.trace[0])
-
-
-def test_both_paths_give_the_same_perturbation(monkeypatch):
-    """The decision on the host and the decision left on the device keep the same best point."""
-    model, loss_fn = regression("gpt2")
-    kw = dict(rho=0.3, n_iter=30, restarts=2, seed=0, progress=False, return_perturbation=True)
-    host = geodesic_sharpness(model, loss_fn, [None], metric="mix", **kw)
-    monkeypatch.setattr(objective_module, "host_tracking", lambda device: False)
-    device = geodesic_sharpness(model, loss_fn, [None], metric="mix", **kw)
-    assert host.trace == device.trace and host.value == device.value
-    assert host.perturbations is not None and device.perturbations is not None
-    _equal(host.perturbations[0], device.perturbations[0], "ξ*")
