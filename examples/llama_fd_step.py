@@ -21,7 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import quotientgeo as qg
 
-STEPS = (1e-4, 3e-4, 1e-3, 3e-3, None, 1e-2, 3e-2)
+STEPS = (1e-4, 3e-4, None, 1e-3, 3e-3, 1e-2, 3e-2)
 
 
 def main() -> None:
