@@ -155,9 +155,14 @@ class RiemannianHessian(_SymmetricOperator):
             no second derivative taken: what a sharded or very large model affords; a model
             sharded with FSDP2's ``fully_shard`` is measured as it is, every rank passing the
             same batches), error ``O(t²)``; in float32 or wider.
-        step: the finite difference's relative step: ``t = step · (1 + ‖x‖_∞) / ‖ξ‖_∞``
-            (``None``: ``ε^{1/3}`` of the dtype, which balances the ``O(t²)`` error against
-            rounding ``O(ε/t)``).
+        step: the finite difference's relative step, the largest displacement of any part
+            relative to its own size: ``t = step / max_p (‖ξ_p‖_∞ / s_p)`` over the parts
+            ``p`` (each head of each kind of symmetry blocks, each parameter of the adaptive
+            rest) with ``s_p = max(‖x_p‖_∞, rms(x))``, so that a head of weights of size 0.02
+            moves by ``step`` of itself whatever the norm weights' size. ``None``:
+            ``ε^{1/3} / 8`` (:func:`default_step`) with ``ε`` the machine epsilon of the
+            coordinates or of the parameters, whichever is coarser (``6.1e-4`` in float32,
+            ``2.5e-2`` for bfloat16 parameters, ``7.6e-7`` in float64).
 
     Attributes:
         geometry: the :class:`~quotientgeo.ParameterGeometry` measured.
@@ -251,11 +256,11 @@ class RiemannianHessian(_SymmetricOperator):
         self.dtype = w.dtype
         self.device = w.device
         self.products = 0
-        #: The finite difference's scales ``s_p`` (one per head of each kind, one per
-        #: parameter of the adaptive rest), on the device.
-        self._scales = (
-            _part_scales(points, w, self._rest_sizes) if product == "finite_difference" else []
-        )
+        #: ``step · s_p`` of the finite difference (:func:`part_scales`), on the device.
+        self._step_scales = torch.zeros(0, dtype=w.dtype, device=w.device)
+        if product == "finite_difference":
+            step = self._step if self._step is not None else default_step(*self._dtypes)
+            self._step_scales = part_scales(self._pieces([*points, w])).mul_(step)
 
     # ------------------------------------------------------------------ coordinates
     @functools.cached_property
@@ -334,17 +339,12 @@ class RiemannianHessian(_SymmetricOperator):
         element-wise ones, so that no vector of the adaptive rest's size is held). ``xi`` is
         emptied: a caller that holds no other reference lets the passes free the blocks' ``ξ``
         once the displaced weights are written. The step stays on the device:
-        ``t = step / max_p (‖ξ_p‖_∞ / s_p)`` (:func:`_part_scales`; ``ξ = 0`` gives ``0``)."""
-        size = _relative_size(
-            [
-                p.tangent_into(zp, torch.empty_like(zp)) if v is None else v
-                for p, zp, v in zip(self.parts, z, xi, strict=True)
-            ],
-            self._scales,
-            self._rest_sizes,
-        ).to(self.dtype)
-        step = self._step if self._step is not None else default_step(*self._dtypes)
-        t = step / size.clamp_min(torch.finfo(self.dtype).tiny)
+        ``t = min_p (step · s_p / ‖ξ_p‖_∞)`` (:func:`part_scales`; ``ξ = 0`` gives ``0``)."""
+        xi_all = [
+            p.tangent_into(zp, torch.empty_like(zp)) if v is None else v
+            for p, zp, v in zip(self.parts, z, xi, strict=True)
+        ]
+        t = _step_of(self._pieces(xi_all), self._step_scales)
 
         assert isinstance(self._loss, InPlaceLoss)
         rest = self.parts[-1], z[-1] if xi[-1] is None else xi[-1]
@@ -357,6 +357,12 @@ class RiemannianHessian(_SymmetricOperator):
         xi.clear()  # given up by the caller: the passes empty points_xi once written
         points, w = self._loss.difference(self._w, points_xi, rest, t, self._advance)
         return [*points, w]
+
+    def _pieces(self, parts: list[Tensor]) -> list[Tensor]:
+        """The parts of the finite difference's step: each kind of symmetry blocks, and each
+        parameter's slice of the adaptive rest (views), those with entries."""
+        *kinds, rest = parts
+        return [t for t in (*kinds, *rest.split(self._rest_sizes)) if t.numel()]
 
     def _covectors(self, xis: list[list[Tensor]]) -> list[list[Tensor]]:
         """``(∇²f - c)(ξ)`` of tangent vectors ``ξ`` (lists of parts)."""
@@ -461,45 +467,27 @@ def default_step(*dtypes: torch.dtype) -> float:
     return eps ** (1 / 3) / 8
 
 
-def _head_norms(x: Tensor) -> Tensor:
-    """``max |x|`` over each head (the first dimension) of a kind's points, unread."""
-    return torch.linalg.vector_norm(x.reshape(x.shape[0], -1), ord=float("inf"), dim=1)
-
-
-def _rest_norms(w: Tensor, sizes: list[int]) -> Tensor:
-    """``max |w_p|`` over each parameter's slice of the adaptive vector, unread."""
-    pieces = [t for t in w.split(sizes) if t.numel()]
+def part_scales(pieces: list[Tensor]) -> Tensor:
+    """The finite difference's scales ``s_p = max(‖x_p‖_∞, rms(x))`` of the pieces ``x_p``
+    of the base point (each kind of symmetry blocks, each parameter of the adaptive rest), with
+    ``rms(x)`` the root mean square of all their entries (the floor of a piece at zero, a bias
+    at initialisation); on the device, never read on the host."""
     if not pieces:
-        return w.new_zeros(0)
-    return torch.stack(torch._foreach_norm(pieces, ord=float("inf")))  # pyright: ignore[reportPrivateImportUsage]
+        return torch.zeros(0)
+    largest = torch.stack(torch._foreach_norm(pieces, ord=float("inf")))  # pyright: ignore[reportPrivateImportUsage]
+    squares = torch.stack(torch._foreach_norm(pieces)).square().sum()  # pyright: ignore[reportPrivateImportUsage]
+    rms = (squares / sum(t.numel() for t in pieces)).sqrt()
+    return torch.maximum(largest, rms)
 
 
-def _part_scales(points: list[Tensor], w: Tensor, sizes: list[int]) -> list[Tensor]:
-    """The finite difference's scales: ``s_p = max(‖x_p‖_∞, rms(x))`` for each head ``p`` of
-    each kind of symmetry blocks and each parameter ``p`` of the adaptive rest (its entries in
-    ``w``), ``rms(x)`` the root mean square of all coordinates (the floor of a part that is
-    zero, a bias at initialisation); on the device, never read on the host."""
-    tensors = [t for t in (*points, w) if t.numel()]
-    if not tensors:
-        return []
-    squares = torch.stack(torch._foreach_norm(tensors)).square().sum()  # pyright: ignore[reportPrivateImportUsage]
-    rms = (squares / sum(t.numel() for t in tensors)).sqrt()
-    norms = [_head_norms(x) if x.numel() else x.new_zeros(0) for x in points]
-    norms.append(_rest_norms(w, sizes))
-    return [torch.maximum(n, rms.to(n.dtype)) for n in norms]
-
-
-def _relative_size(xi: list[Tensor], scales: list[Tensor], sizes: list[int]) -> Tensor:
-    """``max_p ‖ξ_p‖_∞ / s_p`` over the heads and the adaptive rest's parameters
-    (:func:`_part_scales`), unread (``0`` where ``ξ`` has no entries)."""
-    ratios = [
-        (_head_norms(v) if i < len(xi) - 1 else _rest_norms(v, sizes)) / s
-        for i, (v, s) in enumerate(zip(xi, scales, strict=True))
-        if v.numel()
-    ]
-    if not ratios:
-        return torch.zeros(())
-    return torch.cat([r.reshape(-1) for r in ratios]).max()
+def _step_of(pieces: list[Tensor], step_scales: Tensor) -> Tensor:
+    """``t = min_p (step · s_p / ‖ξ_p‖_∞)`` over the pieces of ``ξ``: the largest ``t`` that
+    moves no piece by more than ``step`` of its scale (:func:`part_scales`); a scalar tensor,
+    unread (a finite ``t`` where ``ξ = 0``, which then moves nothing)."""
+    if not pieces:
+        return step_scales.new_zeros(())
+    norms = torch.stack(torch._foreach_norm(pieces, ord=float("inf")))  # pyright: ignore[reportPrivateImportUsage]
+    return torch.div(step_scales, norms.clamp_min_(torch.finfo(norms.dtype).tiny)).min()
 
 
 class BlockOperator(_SymmetricOperator):
