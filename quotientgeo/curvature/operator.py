@@ -157,9 +157,9 @@ class RiemannianHessian(_SymmetricOperator):
             same batches), error ``O(t²)``; in float32 or wider.
         step: the finite difference's relative step, the largest displacement of any part
             relative to its own size: ``t = step / max_p (‖ξ_p‖_∞ / s_p)`` over the parts
-            ``p`` (each head of each kind of symmetry blocks, each parameter of the adaptive
-            rest) with ``s_p = max(‖x_p‖_∞, rms(x))``, so that a head of weights of size 0.02
-            moves by ``step`` of itself whatever the norm weights' size. ``None``:
+            ``p`` (each kind of symmetry blocks, each parameter of the adaptive rest) with
+            ``s_p = max(‖x_p‖_∞, rms(x))``, so that attention weights of size 0.02 move by
+            ``step`` of themselves whatever the norm weights' size. ``None``:
             ``ε^{1/3} / 8`` (:func:`default_step`) with ``ε`` the machine epsilon of the
             coordinates or of the parameters, whichever is coarser (``6.1e-4`` in float32,
             ``2.5e-2`` for bfloat16 parameters, ``7.6e-7`` in float64).
@@ -340,11 +340,16 @@ class RiemannianHessian(_SymmetricOperator):
         emptied: a caller that holds no other reference lets the passes free the blocks' ``ξ``
         once the displaced weights are written. The step stays on the device:
         ``t = min_p (step · s_p / ‖ξ_p‖_∞)`` (:func:`part_scales`; ``ξ = 0`` gives ``0``)."""
-        xi_all = [
-            p.tangent_into(zp, torch.empty_like(zp)) if v is None else v
-            for p, zp, v in zip(self.parts, z, xi, strict=True)
-        ]
-        t = _step_of(self._pieces(xi_all), self._step_scales)
+        # ξ's parts held only for the step (the rest's, formed here, freed before the passes)
+        t = _step_of(
+            self._pieces(
+                [
+                    p.tangent_into(zp, torch.empty_like(zp)) if v is None else v
+                    for p, zp, v in zip(self.parts, z, xi, strict=True)
+                ]
+            ),
+            self._step_scales,
+        )
 
         assert isinstance(self._loss, InPlaceLoss)
         rest = self.parts[-1], z[-1] if xi[-1] is None else xi[-1]
@@ -461,8 +466,8 @@ def default_step(*dtypes: torch.dtype) -> float:
     It balances the central difference's truncation ``M s²`` against the gradient's rounding
     ``c ε / s`` at ``s = (c ε / 2M)^{1/3}``: measured on random Llama and GPT-2 decoders,
     ``c ≈ 2`` along random directions and ``M ≈ 10³`` along the top eigenvector (relative
-    errors of ``A z``), whence the ``1/8`` (``(2·10⁻³/2)^{1/3} = 0.1``, rounded to a power of
-    two)."""
+    errors of ``A z``, ``examples/llama_fd_step.py --products``), whence the ``1/8``
+    (``(c / 2M)^{1/3} = 0.1``, rounded to a power of two)."""
     eps = max(torch.finfo(d).eps for d in dtypes)
     return eps ** (1 / 3) / 8
 

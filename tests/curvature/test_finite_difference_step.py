@@ -3,9 +3,10 @@
 A random Llama (Hugging Face's, initialised as it is: weights of standard deviation 0.02, norm
 weights 1) is strongly non-quadratic along its top eigenvector: the central difference's
 truncation error there is about ``10³ s²`` at a relative displacement ``s`` of the attention
-heads. The step is therefore relative to each part's own scale (each head, each parameter of
-the adaptive rest), not to the largest entry of the whole model (the norm weights' 1), which
-displaced the heads by 10 % of themselves and missed the product by up to 95 % in float32.
+heads. The step is therefore relative to each part's own scale (each kind of symmetry blocks,
+each parameter of the adaptive rest), not to the largest entry of the whole model (the norm
+weights' 1), which displaced the heads by about 10 % of themselves and missed these products by
+1.3e-2 to 0.52 in float32.
 """
 
 from __future__ import annotations
