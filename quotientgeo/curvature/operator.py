@@ -256,11 +256,11 @@ class RiemannianHessian(_SymmetricOperator):
         self.dtype = w.dtype
         self.device = w.device
         self.products = 0
-        #: ``step · s_p`` of the finite difference (:func:`part_scales`), on the device.
+        #: ``step · s_p`` of the finite difference (:func:`_part_scales`), on the device.
         self._step_scales = torch.zeros(0, dtype=w.dtype, device=w.device)
         if product == "finite_difference":
             step = self._step if self._step is not None else default_step(*self._dtypes)
-            self._step_scales = part_scales(self._pieces([*points, w])).mul_(step)
+            self._step_scales = _part_scales(self._pieces([*points, w])).mul_(step)
 
     # ------------------------------------------------------------------ coordinates
     @functools.cached_property
@@ -339,7 +339,7 @@ class RiemannianHessian(_SymmetricOperator):
         element-wise ones, so that no vector of the adaptive rest's size is held). ``xi`` is
         emptied: a caller that holds no other reference lets the passes free the blocks' ``ξ``
         once the displaced weights are written. The step stays on the device:
-        ``t = min_p (step · s_p / ‖ξ_p‖_∞)`` (:func:`part_scales`; ``ξ = 0`` gives ``0``)."""
+        ``t = min_p (step · s_p / ‖ξ_p‖_∞)`` (:func:`_part_scales`; ``ξ = 0`` gives ``0``)."""
         # ξ's parts held only for the step (the rest's, formed here, freed before the passes)
         t = _step_of(
             self._pieces(
@@ -472,7 +472,7 @@ def default_step(*dtypes: torch.dtype) -> float:
     return eps ** (1 / 3) / 8
 
 
-def part_scales(pieces: list[Tensor]) -> Tensor:
+def _part_scales(pieces: list[Tensor]) -> Tensor:
     """The finite difference's scales ``s_p = max(‖x_p‖_∞, rms(x))`` of the pieces ``x_p``
     of the base point (each kind of symmetry blocks, each parameter of the adaptive rest), with
     ``rms(x)`` the root mean square of all their entries (the floor of a piece at zero, a bias
@@ -487,7 +487,7 @@ def part_scales(pieces: list[Tensor]) -> Tensor:
 
 def _step_of(pieces: list[Tensor], step_scales: Tensor) -> Tensor:
     """``t = min_p (step · s_p / ‖ξ_p‖_∞)`` over the pieces of ``ξ``: the largest ``t`` that
-    moves no piece by more than ``step`` of its scale (:func:`part_scales`); a scalar tensor,
+    moves no piece by more than ``step`` of its scale (:func:`_part_scales`); a scalar tensor,
     unread (a finite ``t`` where ``ξ = 0``, which then moves nothing)."""
     if not pieces:
         return step_scales.new_zeros(())
