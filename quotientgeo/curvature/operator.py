@@ -464,7 +464,7 @@ def default_step(*dtypes: torch.dtype) -> float:
     ``6.1e-4`` in float32, ``7.6e-7`` in float64, ``2.5e-2`` for bfloat16 parameters.
 
     It balances the central difference's truncation ``M s²`` against the gradient's rounding
-    ``c ε / s`` at ``s = (c ε / 2M)^{1/3}``: measured on random Llama and GPT-2 decoders,
+    ``c ε / s`` at ``s = (c ε / 2M)^{1/3}``: measured on random Llama decoders,
     ``c ≈ 2`` along random directions and ``M ≈ 10³`` along the top eigenvector (relative
     errors of ``A z``, ``examples/llama_fd_step.py --products``), whence the ``1/8``
     (``(c / 2M)^{1/3} = 0.1``, rounded to a power of two)."""
