@@ -155,9 +155,14 @@ class RiemannianHessian(_SymmetricOperator):
             no second derivative taken: what a sharded or very large model affords; a model
             sharded with FSDP2's ``fully_shard`` is measured as it is, every rank passing the
             same batches), error ``O(t²)``; in float32 or wider.
-        step: the finite difference's relative step: ``t = step · (1 + ‖x‖_∞) / ‖ξ‖_∞``
-            (``None``: ``ε^{1/3}`` of the dtype, which balances the ``O(t²)`` error against
-            rounding ``O(ε/t)``).
+        step: the finite difference's relative step, the largest displacement of any part
+            relative to its own size: ``t = step / max_p (‖ξ_p‖_∞ / s_p)`` over the parts
+            ``p`` (each kind of symmetry blocks, each parameter of the adaptive rest) with
+            ``s_p = max(‖x_p‖_∞, rms(x))``, so that attention weights of size 0.02 move by
+            ``step`` of themselves whatever the norm weights' size. ``None``:
+            ``ε^{1/3} / 8`` (:func:`default_step`) with ``ε`` the machine epsilon of the
+            coordinates or of the parameters, whichever is coarser (``6.1e-4`` in float32,
+            ``2.5e-2`` for bfloat16 parameters, ``7.6e-7`` in float64).
 
     Attributes:
         geometry: the :class:`~quotientgeo.ParameterGeometry` measured.
@@ -241,6 +246,9 @@ class RiemannianHessian(_SymmetricOperator):
                 QuotientPart(x, m, g) for x, m, g in zip(points, manifolds, gradient, strict=True)
             ]
             self.parts.append(FrozenPart(w, rest_manifold))
+        self._rest_sizes = list(self.geometry.plan.adaptive_sizes)
+        #: The dtypes whose rounding the finite difference meets (default step).
+        self._dtypes = {w.dtype, *(p.dtype for p in self.geometry.params.values())}
         self._sizes = [t.numel() for t in (*points, w)]
         self._shapes = [t.shape for t in (*points, w)]
         n = sum(self._sizes)
@@ -248,8 +256,11 @@ class RiemannianHessian(_SymmetricOperator):
         self.dtype = w.dtype
         self.device = w.device
         self.products = 0
-        #: ‖x‖_∞, read once (the finite difference's step).
-        self._scale = float(_max_abs([*points, w])) if product == "finite_difference" else 0.0
+        #: ``step · s_p`` of the finite difference (:func:`_part_scales`), on the device.
+        self._step_scales = torch.zeros(0, dtype=w.dtype, device=w.device)
+        if product == "finite_difference":
+            step = self._step if self._step is not None else default_step(*self._dtypes)
+            self._step_scales = _part_scales(self._pieces([*points, w])).mul_(step)
 
     # ------------------------------------------------------------------ coordinates
     @functools.cached_property
@@ -328,16 +339,17 @@ class RiemannianHessian(_SymmetricOperator):
         element-wise ones, so that no vector of the adaptive rest's size is held). ``xi`` is
         emptied: a caller that holds no other reference lets the passes free the blocks' ``ξ``
         once the displaced weights are written. The step stays on the device:
-        ``t = step (1 + ‖x‖_∞) / ‖ξ‖_∞`` (``ξ = 0`` gives ``0``)."""
-        size = _max_abs(
-            [
-                p.tangent_into(zp, torch.empty_like(zp)) if v is None else v
-                for p, zp, v in zip(self.parts, z, xi, strict=True)
-            ]
-        ).to(self.dtype)
-        step = self._step if self._step is not None else torch.finfo(self.dtype).eps ** (1 / 3)
-        tiny = torch.finfo(self.dtype).tiny
-        t = (step * (1 + self._scale)) / size.clamp_min(tiny)
+        ``t = min_p (step · s_p / ‖ξ_p‖_∞)`` (:func:`_part_scales`; ``ξ = 0`` gives ``0``)."""
+        # ξ's parts held only for the step (the rest's, formed here, freed before the passes)
+        t = _step_of(
+            self._pieces(
+                [
+                    p.tangent_into(zp, torch.empty_like(zp)) if v is None else v
+                    for p, zp, v in zip(self.parts, z, xi, strict=True)
+                ]
+            ),
+            self._step_scales,
+        )
 
         assert isinstance(self._loss, InPlaceLoss)
         rest = self.parts[-1], z[-1] if xi[-1] is None else xi[-1]
@@ -350,6 +362,12 @@ class RiemannianHessian(_SymmetricOperator):
         xi.clear()  # given up by the caller: the passes empty points_xi once written
         points, w = self._loss.difference(self._w, points_xi, rest, t, self._advance)
         return [*points, w]
+
+    def _pieces(self, parts: list[Tensor]) -> list[Tensor]:
+        """The parts of the finite difference's step: each kind of symmetry blocks, and each
+        parameter's slice of the adaptive rest (views), those with entries."""
+        *kinds, rest = parts
+        return [t for t in (*kinds, *rest.split(self._rest_sizes)) if t.numel()]
 
     def _covectors(self, xis: list[list[Tensor]]) -> list[list[Tensor]]:
         """``(∇²f - c)(ξ)`` of tangent vectors ``ξ`` (lists of parts)."""
@@ -440,13 +458,41 @@ class RiemannianHessian(_SymmetricOperator):
         )
 
 
-def _max_abs(tensors: list[Tensor]) -> Tensor:
-    """``max |t|`` over all entries of ``tensors`` (``0`` where there are none), unread."""
-    tensors = [t for t in tensors if t.numel()]
-    if not tensors:
-        return torch.zeros(())
-    norms = torch._foreach_norm(tensors, ord=float("inf"))  # pyright: ignore[reportPrivateImportUsage]
-    return norms[0] if len(norms) == 1 else torch.stack(norms).max()
+def default_step(*dtypes: torch.dtype) -> float:
+    """The finite difference's default relative step, ``ε^{1/3} / 8`` with ``ε`` the machine
+    epsilon of the widest-spaced of ``dtypes`` (the coordinates' and the parameters'):
+    ``6.1e-4`` in float32, ``7.6e-7`` in float64, ``2.5e-2`` for bfloat16 parameters.
+
+    It balances the central difference's truncation ``M s²`` against the gradient's rounding
+    ``c ε / s`` at ``s = (c ε / 2M)^{1/3}``: measured on random Llama decoders,
+    ``c ≈ 2`` along random directions and ``M ≈ 10³`` along the top eigenvector (relative
+    errors of ``A z``, ``examples/llama_fd_step.py --products``), whence the ``1/8``
+    (``(c / 2M)^{1/3} = 0.1``, rounded to a power of two)."""
+    eps = max(torch.finfo(d).eps for d in dtypes)
+    return eps ** (1 / 3) / 8
+
+
+def _part_scales(pieces: list[Tensor]) -> Tensor:
+    """The finite difference's scales ``s_p = max(‖x_p‖_∞, rms(x))`` of the pieces ``x_p``
+    of the base point (each kind of symmetry blocks, each parameter of the adaptive rest), with
+    ``rms(x)`` the root mean square of all their entries (the floor of a piece at zero, a bias
+    at initialisation); on the device, never read on the host."""
+    if not pieces:
+        return torch.zeros(0)
+    largest = torch.stack(torch._foreach_norm(pieces, ord=float("inf")))  # pyright: ignore[reportPrivateImportUsage]
+    squares = torch.stack(torch._foreach_norm(pieces)).square().sum()  # pyright: ignore[reportPrivateImportUsage]
+    rms = (squares / sum(t.numel() for t in pieces)).sqrt()
+    return torch.maximum(largest, rms)
+
+
+def _step_of(pieces: list[Tensor], step_scales: Tensor) -> Tensor:
+    """``t = min_p (step · s_p / ‖ξ_p‖_∞)`` over the pieces of ``ξ``: the largest ``t`` that
+    moves no piece by more than ``step`` of its scale (:func:`_part_scales`); a scalar tensor,
+    unread (a finite ``t`` where ``ξ = 0``, which then moves nothing)."""
+    if not pieces:
+        return step_scales.new_zeros(())
+    norms = torch.stack(torch._foreach_norm(pieces, ord=float("inf")))  # pyright: ignore[reportPrivateImportUsage]
+    return torch.div(step_scales, norms.clamp_min_(torch.finfo(norms.dtype).tiny)).min()
 
 
 class BlockOperator(_SymmetricOperator):
