@@ -52,6 +52,28 @@ class AdaptiveGeometry(QuotientManifold):
         """``1 / ŵ``, cached on ``p``."""
         return p.cached("inverse_scale", lambda: self.scale(p).reciprocal())
 
+    # ------------------------------------------------------------------ lists of tensors
+    # The element-wise passes of the sharpness-aware optimizer over parameters as they are:
+    # one ``_foreach`` operator per formula over a list of tensors (the weights ``w`` of
+    # several parameters, flattened or not), no concatenation, and ``ŵ`` in one form only.
+    def whitened_gradients(self, w: list[Tensor], grads: list[Tensor]) -> list[Tensor]:
+        """``ŵ ⊙ ∇`` for each pair of ``w`` and ``∇`` (new tensors): the Riemannian gradient
+        ``ŵ² ∇`` whitened, so that its square 2-norm is the gradient's square metric norm,
+        ``||ŵ² ∇||²_w = Σ (ŵ ∇)²``. Three passes: ``|w|``, the floor, the product."""
+        out = torch._foreach_abs(w)  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_clamp_min_(out, self.floor)  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_mul_(out, grads)  # pyright: ignore[reportPrivateImportUsage]
+        return out
+
+    def add_scaled_rgrad_(self, w: list[Tensor], grads: list[Tensor], c: Tensor) -> None:
+        """``w ← w + c ŵ² ∇`` in place, for each pair of ``w`` and ``∇`` (``c`` a 0-dim
+        tensor): the straight step along the Riemannian gradient. Four passes: ``w²``, the
+        floor ``max(w², floor²) = ŵ²``, the factor ``c``, and ``w + (c ŵ²) ⊙ ∇``."""
+        s = torch._foreach_mul(w, w)  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_clamp_min_(s, self.floor**2)  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_mul_(s, c)  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_addcmul_(w, s, grads)  # pyright: ignore[reportPrivateImportUsage]
+
     def lie_shape(self, p: AtPoint) -> tuple[int]:
         return (0,)
 

@@ -33,10 +33,10 @@ from torch import nn
 from ..geometry import ParameterGeometry
 from ..geometry import shards as sh
 from ..geometry.diagnosis import Diagnosis
-from ..geometry.perturbation import BasePoint, BlockChunk, Perturbations, Sums
+from ..geometry.perturbation import BasePoint, BlockChunk, Perturbations, Piece, Sums
 from ..geometry.symmetries import geometry_of
 from ..linalg import deferred_checks
-from ..manifolds import EuclideanGeometry, QuotientManifold
+from ..manifolds import AdaptiveGeometry, EuclideanGeometry, QuotientManifold
 from ..options import Perturbation, checked_metric, option
 from ..validation import positive_real
 
@@ -113,7 +113,7 @@ class GeodesicSAM(torch.optim.Optimizer):
         self.geometry: ParameterGeometry = self._geometry(model, variant, symmetries, metric, eps)
         if not self.geometry.params:
             raise ValueError("the model has no trainable parameters (requires_grad=True)")
-        self.rest: QuotientManifold = (
+        self.rest: AdaptiveGeometry | EuclideanGeometry = (
             EuclideanGeometry() if variant == "sam" else self.geometry.rest_manifold()
         )
         self.perturbation: Perturbation = perturbation
@@ -172,37 +172,69 @@ class GeodesicSAM(torch.optim.Optimizer):
 
         base = BasePoint(weights, dtype)  # the factors of both passes computed once
 
-        def gradient(part, x: Tensor):
-            s = base.space(part, x)
-            return s, s.rgrad(part.read(grads, dtype))
+        def gradient(chunk: BlockChunk, x: Tensor):
+            s = base.space(chunk, x)
+            return s, s.rgrad(chunk.read(grads, dtype))
 
         with diagnosis.located():
             sums, kept, held = Sums(space), {}, 0
             with deferred_checks():  # the factorisations checked in one host read
-                for part in space.parts():
-                    s, g = gradient(part, part.read(weights, dtype))
-                    sums.add(part, s.sqnorm(g))
+                for chunk in space.all_chunks():
+                    s, g = gradient(chunk, chunk.read(weights, dtype))
+                    sums.add(chunk, s.sqnorm(g))
                     # the chunks' gradients (and points) kept for the second pass, within one
                     # chunk's memory; the others computed again there
                     size = 2 * g.numel() * g.element_size()
-                    if isinstance(part, BlockChunk) and held + size <= space.chunk_bytes:
-                        kept[id(part)], held = (s, g), held + size
+                    if held + size <= space.chunk_bytes:
+                        kept[id(chunk)], held = (s, g), held + size
+            for piece in space.rest:
+                sums.add(piece, self._rest_sqnorm(piece, weights, grads))
             norm = sums.total()
             scale = rho / (norm.sqrt() + torch.finfo(norm.dtype).tiny)
             # the weights as they are; then each part's step, read from them
             self._origin = {name: t.clone() for name, t in weights.items()}
             try:
                 with deferred_checks():  # (the factors are the first pass's: none are new)
-                    for part in space.parts():
-                        s, g = kept.pop(id(part), None) or gradient(
-                            part, part.read(self._origin, dtype)
+                    for chunk in space.all_chunks():
+                        s, g = kept.pop(id(chunk), None) or gradient(
+                            chunk, chunk.read(self._origin, dtype)
                         )
-                        part.write_(weights, s.move(g * scale))
+                        chunk.write_(weights, s.move(g * scale))
+                for piece in space.rest:
+                    self._rest_step_(piece, weights, grads, scale)
             except BaseException:
                 self.restore()
                 raise
         if zero_grad:
             self.zero_grad()
+
+    # The adaptive rest (every parameter for SAM and ASAM) moves along straight lines in an
+    # element-wise metric, ``ξ = ρ ŵ² ∇ / ||ŵ ∇||`` (``ŵ = 1`` for SAM): its two passes run on
+    # the parameters' own tensors, a piece's segments as a list of views, one ``_foreach``
+    # operator per formula, reading ``w`` and ``∇`` in place; a piece that has no such views
+    # (masked, non-contiguous or in another dtype than the compute dtype) is read as one
+    # vector and written back.
+    def _rest_sqnorm(self, piece: Piece, weights, grads) -> Tensor:
+        """``||grad||²`` of the piece in the rest's metric: ``Σ (ŵ ∇)²`` (``Σ ∇²`` for SAM)."""
+        w, d = _entries(piece, weights, self.space.dtype), _entries(piece, grads, self.space.dtype)
+        if isinstance(self.rest, AdaptiveGeometry):
+            d = self.rest.whitened_gradients(w, d)
+        norms = torch._foreach_norm(d)  # pyright: ignore[reportPrivateImportUsage]
+        return torch.linalg.vector_norm(torch.stack(norms)).square()
+
+    def _rest_step_(self, piece: Piece, weights, grads, c: Tensor) -> None:
+        """The piece's weights ``← w + c ŵ² ∇`` (``w + c ∇`` for SAM), in place."""
+        dtype = self.space.dtype
+        w, d = piece.views(weights, dtype), _entries(piece, grads, dtype)
+        own = w is None  # a vector of its own: written back at the end
+        if w is None:
+            w = [piece.read(weights, dtype)]
+        if isinstance(self.rest, AdaptiveGeometry):
+            self.rest.add_scaled_rgrad_(w, d, c)
+        else:
+            torch._foreach_add_(w, torch._foreach_mul(d, c))  # pyright: ignore[reportPrivateImportUsage]
+        if own:
+            piece.write_(weights, w[0])
 
     @torch.no_grad()
     def second_step(self, zero_grad: bool = False) -> None:
@@ -273,6 +305,12 @@ class GeodesicSAM(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         self.base_optimizer.load_state_dict(state_dict)
         self.param_groups = self.base_optimizer.param_groups
+
+
+def _entries(piece: Piece, tensors, dtype: torch.dtype) -> list[Tensor]:
+    """The piece's entries of ``tensors`` in ``dtype``: its segments' views, else one vector."""
+    views = piece.views(tensors, dtype)
+    return [piece.read(tensors, dtype)] if views is None else views
 
 
 def _average_gradients_(model: nn.Module, params) -> None:
