@@ -96,11 +96,12 @@ class AdaptiveGeometry(QuotientManifold):
         self, x: Tensor | AtPoint, u: Tensor, v: Tensor | None = None, *, keepdim: bool = False
     ) -> Tensor:
         """``Σ u v / ŵ²``; for ``v = u`` the square norm of ``u / ŵ``, in two passes over ``u``
-        (this is the ball norm of adaptive sharpness, on every iteration's hot path)."""
+        (this is the ball norm of adaptive sharpness, on every iteration's hot path), with
+        ``ŵ`` the one form of the scale that it needs."""
         p, v = self._pair_at(x, u, v)
         if v is u:
             dims = tuple(range(-self.ndim, 0))
-            whitened = u * self.inverse_scale(p)
+            whitened = u / self.scale(p)
             return torch.linalg.vector_norm(whitened, dim=dims, keepdim=keepdim).square()
         return self._reduce(u * v / self.scale_squared(p), keepdim)
 

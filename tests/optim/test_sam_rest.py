@@ -155,3 +155,35 @@ def test_bfloat16_weights(variant):
         atol=0.0,
         variant=variant,
     )
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    shapes=st.lists(
+        st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple), min_size=1, max_size=4
+    ),
+    floor=st.sampled_from([1e-12, 0.3]),
+)
+def test_adaptive_list_formulas_match_the_manifold_api(seed, shapes, floor):
+    """``whitened_gradients`` and ``add_scaled_rgrad_`` (lists of tensors, any shapes) against
+    ``egrad2rgrad`` and ``inner`` of the flattened entries, with some weights below the floor."""
+    gen = torch.Generator().manual_seed(seed)
+    m = AdaptiveGeometry(floor=floor)
+    w = [torch.randn(s, generator=gen, dtype=DT) for s in shapes]
+    for t in w:
+        t.masked_fill_(torch.rand(t.shape, generator=gen) < 0.2, 0.0)
+    d = [torch.randn(s, generator=gen, dtype=DT) for s in shapes]
+    c = torch.rand((), generator=gen, dtype=DT) + 0.5
+    flat_w, flat_d = torch.cat([t.reshape(-1) for t in w]), torch.cat([t.reshape(-1) for t in d])
+    rgrad = m.egrad2rgrad(flat_w, flat_d)
+    whitened = m.whitened_gradients(w, d)
+    got = sum(float(t.square().sum()) for t in whitened)
+    assert got == pytest.approx(float(m.inner(flat_w, rgrad)), rel=1e-13)
+    for t, s in zip(whitened, shapes, strict=True):
+        assert t.shape == s
+    moved = [t.clone() for t in w]
+    m.add_scaled_rgrad_(moved, d, c)
+    got = torch.cat([t.reshape(-1) for t in moved])
+    torch.testing.assert_close(got, flat_w + c * rgrad, rtol=1e-14, atol=1e-15)
+    torch.testing.assert_close(torch.cat([t.reshape(-1) for t in d]), flat_d, rtol=0, atol=0)
