@@ -33,7 +33,7 @@ from torch import nn
 from ..geometry import ParameterGeometry
 from ..geometry import shards as sh
 from ..geometry.diagnosis import Diagnosis
-from ..geometry.perturbation import BasePoint, BlockChunk, Perturbations, Piece, Sums
+from ..geometry.perturbation import BasePoint, Perturbations, Piece, Sums
 from ..geometry.symmetries import geometry_of
 from ..linalg import deferred_checks
 from ..manifolds import AdaptiveGeometry, EuclideanGeometry, QuotientManifold
@@ -172,21 +172,20 @@ class GeodesicSAM(torch.optim.Optimizer):
 
         base = BasePoint(weights, dtype)  # the factors of both passes computed once
 
-        def gradient(chunk: BlockChunk, x: Tensor):
-            s = base.space(chunk, x)
-            return s, s.rgrad(chunk.read(grads, dtype))
-
         with diagnosis.located():
             sums, kept, held = Sums(space), {}, 0
             with deferred_checks():  # the factorisations checked in one host read
                 for chunk in space.all_chunks():
-                    s, g = gradient(chunk, chunk.read(weights, dtype))
+                    s = base.space(chunk, chunk.read(weights, dtype))
+                    g = s.rgrad(chunk.read(grads, dtype))
                     sums.add(chunk, s.sqnorm(g))
-                    # the chunks' gradients (and points) kept for the second pass, within one
-                    # chunk's memory; the others computed again there
-                    size = 2 * g.numel() * g.element_size()
-                    if held + size <= space.chunk_bytes:
-                        kept[id(chunk)], held = (s, g), held + size
+                    # the chunks' gradients kept for the second pass, with their points where
+                    # both fit, within one chunk's memory; the others computed again there
+                    size = g.numel() * g.element_size()
+                    if held + 2 * size <= space.chunk_bytes:
+                        kept[id(chunk)], held = (s, g), held + 2 * size
+                    elif held + size <= space.chunk_bytes:
+                        kept[id(chunk)], held = (None, g), held + size
             for piece in space.rest:
                 sums.add(piece, self._rest_sqnorm(piece, weights, grads))
             norm = sums.total()
@@ -196,9 +195,11 @@ class GeodesicSAM(torch.optim.Optimizer):
             try:
                 with deferred_checks():  # (the factors are the first pass's: none are new)
                     for chunk in space.all_chunks():
-                        s, g = kept.pop(id(chunk), None) or gradient(
-                            chunk, chunk.read(self._origin, dtype)
-                        )
+                        s, g = kept.pop(id(chunk), (None, None))
+                        if s is None:
+                            s = base.space(chunk, chunk.read(self._origin, dtype))
+                        if g is None:
+                            g = s.rgrad(chunk.read(grads, dtype))
                         chunk.write_(weights, s.move(g * scale))
                 for piece in space.rest:
                     self._rest_step_(piece, weights, grads, scale)

@@ -4,10 +4,12 @@ The adaptive rest (every parameter for SAM and ASAM) is stepped with ``_foreach`
 the parameters' own tensors; here the same step is computed through the manifold API alone,
 ``ξ = ρ grad / ||grad||`` with, for every part, ``grad = rgrad(∇)`` (the rest's ``ŵ² ∇``, SAM's
 ``∇``), ``||grad||² = Σ sqnorm(grad)`` and the part's move of ``ξ``, over random models, seeds,
-piece sizes (parameters shared by pieces and sliced into several), weights at the floor (exact
-zeros, and a floor of 0.05 that many weights are below), masked rest entries, a non-contiguous
-parameter and half precision. Tolerance: float64 to ``1e-13`` relative (the two differ in the
-order of the sums and products only), bfloat16 to one unit in the last place of the weights.
+piece sizes (parameters shared by pieces and sliced into several), chunk sizes and budgets
+(symmetry blocks whose gradients and points are kept for the second pass, or only their
+gradients, or neither), weights at the floor (exact zeros, and a floor of 0.05 that many
+weights are below), masked rest entries, a non-contiguous parameter and half precision.
+Tolerance: float64 to ``1e-13`` relative (the two differ in the order of the sums and products
+only), bfloat16 to one unit in the last place of the weights.
 """
 
 from __future__ import annotations
@@ -48,8 +50,14 @@ def expected_first_step(opt: GeodesicSAM) -> dict[str, torch.Tensor]:
     return out
 
 
-def check(model: nn.Module, loss_fn, *, rtol: float, atol: float, floor=None, **kw) -> None:
+def check(
+    model: nn.Module, loss_fn, *, rtol: float, atol: float, floor=None, budget=None, **kw
+) -> None:
     opt = GeodesicSAM(model, torch.optim.SGD, lr=0.1, **kw)
+    if budget is not None:  # what the first pass may keep, in chunks' gradients
+        chunk = next(opt.space.all_chunks())
+        size = chunk.read(opt.space.local(), opt.space.dtype).nbytes
+        opt.space.chunk_bytes = int(budget * size)
     if floor is not None and isinstance(opt.rest, AdaptiveGeometry):
         opt.rest.floor = floor  # (the pieces' manifold): weights below it are at the floor
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -83,9 +91,10 @@ def zero_some_(model: nn.Module, fraction: float, seed: int) -> None:
     piece=st.sampled_from([0, 7, 100, 10_000]),
     zeros=st.sampled_from([0.0, 0.3]),
     floor=st.sampled_from([None, 0.05]),
+    chunk=st.sampled_from([None, 1, 3000]),
 )
 def test_first_step_matches_the_formula_part_by_part(
-    seed, shape, variant, perturbation, piece, zeros, floor
+    seed, shape, variant, perturbation, piece, zeros, floor, chunk
 ):
     d, heads, layers = shape
     torch.manual_seed(seed)
@@ -102,8 +111,33 @@ def test_first_step_matches_the_formula_part_by_part(
         if piece:  # pieces of a few entries: small parameters shared, large ones sliced
             mp.setattr(pt, "PIECE", piece)
             mp.setattr(pt, "SMALL", piece)
+        if chunk:  # chunks of a block or a few, whose gradients (and points) are not all kept
+            mp.setattr(pt, "CHUNK_FRACTION", 1e-9)
+            mp.setattr(pt, "MIN_CHUNK_BYTES", chunk)
         kw = {"perturbation": perturbation} if variant == "geodesic" else {}
         check(model, loss_fn, rtol=1e-13, atol=1e-15, floor=floor, rho=0.05, variant=variant, **kw)
+
+
+@pytest.mark.parametrize("budget", [0, 1.5, 2, 10])
+@pytest.mark.parametrize("metric", ["mix", "inv"])
+def test_chunks_kept_for_the_second_pass_or_computed_again(budget, metric):
+    """A budget of 1.5 chunks keeps the first chunk's gradient only, 2 its gradient and point,
+    10 every chunk's: each way the step is the formula's."""
+    torch.manual_seed(3)
+    model = TinyTransformerClassifier(d=12, heads=3, layers=2, classes=3).to(DT)
+    x = torch.randn(4, 3, 12, dtype=DT)
+    y = torch.randint(0, 3, (4,))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pt, "CHUNK_FRACTION", 1e-9)
+        mp.setattr(pt, "MIN_CHUNK_BYTES", 1)  # a chunk per block
+        check(
+            model,
+            lambda m: nn.functional.cross_entropy(m(x), y),
+            rtol=1e-13,
+            atol=1e-15,
+            budget=budget,
+            metric=metric,
+        )
 
 
 @pytest.mark.parametrize("variant", ["sam", "asam", "geodesic"])
