@@ -150,14 +150,30 @@ class PerturbationSpace:
 
     def gram(self, *vectors: Tensor) -> Tensor:
         """The Gram matrix ``<vᵢ, vⱼ>`` in the ball's metric, summed over the batch (``k × k``
-        for ``k`` vectors): ``V = [v₁; …; v_k]`` stacked, the metric applied once to the stack
+        for ``k`` vectors): ``V = [v₁; …; v_k]`` stacked (:meth:`stacked_gram`)."""
+        return self.stacked_gram(torch.stack(vectors))
+
+    def stacked_gram(self, stacked: Tensor) -> Tensor:
+        """:meth:`gram` of the vectors ``V = stacked[i]``: the metric applied once to the stack
         (a leading batch dimension), ``V M(x) Vᵀ`` in one matrix product, and its upper
         triangle mirrored (``M`` is symmetric: the result is exactly symmetric)."""
-        stacked = torch.stack(vectors)
         images = self.ball.metric(self.ball_point, stacked)
-        k = len(vectors)
+        k = stacked.shape[0]
         full = stacked.reshape(k, -1) @ images.reshape(k, -1).mT
         return full.triu() + full.triu(1).mT
+
+    def gradient_gram(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """``(g, K)`` from ``rows = [ξ, ξ_prev, ∇]`` (``(3, *point shape)``, stacked by the
+        caller, who gives it up): ``rows[2]`` becomes ``g = rgrad(J(ξ)ᵀ ∇)``, the horizontal
+        Riemannian gradient with respect to ``ξ`` (in place: ``ŵ² ∇`` where the part moves
+        along straight lines in its own element-wise adaptive metric, a piece of the adaptive
+        rest), and ``K`` is :meth:`stacked_gram` of ``(ξ, ξ_prev, g)``: no stack of its own."""
+        xi, _, d = rows.unbind(0)
+        if self.linear and self.ball is self.manifold and isinstance(self.ball, AdaptiveGeometry):
+            d.mul_(self.ball.scale_squared(self.point))
+        else:
+            d.copy_(self.rgrad(self.pullback(xi, d)))
+        return d, self.stacked_gram(rows)
 
     def random(self, e: Tensor) -> Tensor:
         """The horizontal direction of the standard Gaussian draw ``e`` (of the point's shape):
@@ -342,6 +358,11 @@ class Piece:
             out.append(t.view(-1)[seg.start : seg.stop])
         return out
 
+    def entries(self, tensors: Mapping[str, Tensor], dtype: torch.dtype) -> list[Tensor]:
+        """The piece's entries of ``tensors`` in ``dtype``, one tensor per segment (views
+        where possible: do not write into them)."""
+        return [seg.of(tensors[seg.name]).to(dtype) for seg in self.segments]
+
     def differences(
         self, a: Mapping[str, Tensor], b: Mapping[str, Tensor], dtype: torch.dtype
     ) -> list[Tensor]:
@@ -356,6 +377,12 @@ class Piece:
         if len(va) == 1:
             return [va[0] - vb[0]]
         return list(torch._foreach_sub(va, vb))  # pyright: ignore[reportPrivateImportUsage]
+
+    @staticmethod
+    def rows(*rows: list[Tensor]) -> Tensor:
+        """Vectors of the piece, each given segment by segment (:meth:`entries`), as the rows
+        of one new ``(k, n)`` tensor: one concatenation of all the segments."""
+        return torch.cat([t for row in rows for t in row]).view(len(rows), -1)
 
     def difference(
         self, a: Mapping[str, Tensor], b: Mapping[str, Tensor], dtype: torch.dtype

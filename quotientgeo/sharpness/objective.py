@@ -224,15 +224,19 @@ class Objective:
         ``current`` where it is held there)."""
         if all(seg.name not in self.current for seg in piece.segments):  # read off the weights
             return piece.difference(self.weights, self.x0, self.dtype)
+        parts = self._xi_entries(piece)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _xi_entries(self, piece: Piece) -> list[Tensor]:
+        """:meth:`_xi` segment by segment (not concatenated)."""
         off = tuple(seg for seg in piece.segments if seg.name not in self.current)
         diffs = iter(Piece(off).differences(self.weights, self.x0, self.dtype) if off else [])
-        parts = [
+        return [
             seg.of(self.current[seg.name]).to(self.dtype)
             if seg.name in self.current
             else next(diffs)
             for seg in piece.segments
         ]
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     @torch.no_grad()
     def _move_(self, source: Mapping[str, Tensor], *, first_order: bool = False) -> None:
@@ -380,11 +384,20 @@ class Objective:
         with self.diagnosis.located(), self.checks:
             for part in self.space.parts():
                 s = self.base.space(part)
-                xi = self._part_current(part)
-                prev = part.read(self.previous, self.dtype)
-                g = s.rgrad(s.pullback(xi, part.read(grads, self.dtype)))
+                if isinstance(part, Piece):  # ξ_k, ξ_{k-1}, ∇ read in one concatenation
+                    rows = part.rows(
+                        self._xi_entries(part),
+                        part.entries(self.previous, self.dtype),
+                        part.entries(grads, self.dtype),
+                    )
+                    g, gram = s.gradient_gram(rows)
+                else:
+                    xi = self._part_current(part)
+                    prev = part.read(self.previous, self.dtype)
+                    g = s.rgrad(s.pullback(xi, part.read(grads, self.dtype)))
+                    gram = s.gram(xi, prev, g)
                 part.write_(grads, g)
-                sums.add(part, s.gram(xi, prev, g))
+                sums.add(part, gram)
         return sums.total()
 
     def _part_current(self, part: BlockChunk | Piece) -> Tensor:

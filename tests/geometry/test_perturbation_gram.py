@@ -1,0 +1,124 @@
+"""The Gram pass of the maximiser, piece by piece, against the straightforward formula.
+
+A piece's three vectors ``(ξ_k, ξ_{k-1}, ∇)`` are read in one concatenation
+(:meth:`Piece.rows`), ``∇`` becomes the Riemannian gradient in place and the Gram matrix comes
+from that one tensor (:meth:`PerturbationSpace.gradient_gram`); here ``g = ŵ² ∇`` and
+``K_ij = Σ vᵢ vⱼ / ŵ²`` (``ŵ = max(|x|, floor)``) are computed entry by entry from the
+flattened vectors, and a chunk's generic path against ``rgrad`` and :meth:`gram`, over random
+models, seeds, piece sizes, masked segments, weights at the floor and half-precision
+parameters. Tolerance: float64 to ``1e-12`` relative (the order of the sums differs), the
+float32 compute dtype of bfloat16 parameters to ``1e-5``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from quotientgeo import ParameterGeometry
+from quotientgeo.geometry import Source, find_symmetries
+from quotientgeo.geometry import perturbation as pt
+from quotientgeo.testing import TinyTransformerClassifier
+
+DT = torch.float64
+
+
+def random_like(space: pt.Perturbations, gen: torch.Generator, zeros: float = 0.0):
+    out = {}
+    for name, t in space.local().items():
+        r = torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.dtype)
+        out[name] = r.masked_fill(torch.rand(t.shape, generator=gen) < zeros, 0.0)
+    return out
+
+
+def check_pieces(space: pt.Perturbations, seed: int, zeros: float, rtol: float) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    x0, w = random_like(space, gen, zeros), random_like(space, gen)
+    prev, grads = random_like(space, gen), random_like(space, gen)
+    dtype = space.dtype
+    assert space.rest
+    for piece in space.rest:
+        xi = piece.rows(piece.differences(w, x0, dtype))[0]
+        torch.testing.assert_close(xi, piece.read(w, dtype) - piece.read(x0, dtype))
+        torch.testing.assert_close(xi, piece.difference(w, x0, dtype))
+        rows = piece.rows(
+            piece.differences(w, x0, dtype),
+            piece.entries(prev, dtype),
+            piece.entries(grads, dtype),
+        )
+        g, gram = piece.space(piece.read(x0, dtype)).gradient_gram(rows)
+        # the straightforward formula, in float64 from the flattened vectors
+        x = piece.read(x0, dtype).double()
+        scale = x.abs().clamp_min(space.rest_manifold.floor)
+        vectors = [xi.double(), piece.read(prev, dtype).double(), piece.read(grads, dtype).double()]
+        vectors[2] = vectors[2] * scale**2
+        expected = torch.tensor(
+            [[float((u * v / scale**2).sum()) for v in vectors] for u in vectors], dtype=DT
+        )
+        torch.testing.assert_close(g.double(), vectors[2], rtol=rtol, atol=0.0)
+        torch.testing.assert_close(gram.double(), expected, rtol=rtol, atol=rtol * 1e-3)
+        assert torch.equal(gram, gram.mT)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**16),
+    shape=st.sampled_from([(8, 2, 1), (16, 4, 2), (12, 3, 1)]),
+    piece=st.sampled_from([0, 7, 100, 10_000]),
+    zeros=st.sampled_from([0.0, 0.3]),
+    symmetric=st.booleans(),
+)
+def test_piece_gram_matches_the_formula(seed, shape, piece, zeros, symmetric):
+    d, heads, layers = shape
+    torch.manual_seed(seed)
+    model = TinyTransformerClassifier(d=d, heads=heads, layers=layers, classes=3).to(DT)
+    geometry = find_symmetries(model) if symmetric else ParameterGeometry(model)
+    with pytest.MonkeyPatch.context() as mp:
+        if piece:  # pieces of a few entries: small parameters shared, large ones sliced
+            mp.setattr(pt, "PIECE", piece)
+            mp.setattr(pt, "SMALL", piece)
+        space = pt.Perturbations(geometry, "second_order")
+    check_pieces(space, seed, zeros, rtol=1e-12)
+
+
+def test_masked_segments():
+    """Hidden units 0..3 as GL(1) pairs: both weights partly in the rest."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).to(DT)
+    geometry = ParameterGeometry(model).add_gl_pair(
+        Source("0.weight", rows=(0, 4)), Source("2.weight", axis=1, cols=(0, 4)), heads=4
+    )
+    space = pt.Perturbations(geometry, "second_order")
+    assert any(seg.mask is not None for piece in space.rest for seg in piece.segments)
+    check_pieces(space, 0, 0.2, rtol=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore:the model has torch.bfloat16 parameters")
+def test_half_precision_parameters():
+    torch.manual_seed(1)
+    model = TinyTransformerClassifier(d=8, heads=2, layers=1, classes=3).to(torch.bfloat16)
+    space = pt.Perturbations(ParameterGeometry(model), "second_order")
+    assert space.dtype == torch.float32
+    check_pieces(space, 1, 0.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("metric", "move"), [("mix", "second_order"), ("inv", "exact")])
+def test_chunk_gradient_gram_is_rgrad_and_gram(metric, move):
+    """The generic path (a chunk of symmetry blocks): ``g = rgrad(J(ξ)ᵀ ∇)`` and
+    :meth:`~PerturbationSpace.gram` of ``(ξ, ξ_prev, g)``."""
+    torch.manual_seed(2)
+    model = TinyTransformerClassifier(d=12, heads=3, layers=2, classes=3).to(DT)
+    space = pt.Perturbations(find_symmetries(model, metric=metric), move)
+    gen = torch.Generator().manual_seed(3)
+    x0, xi = random_like(space, gen), random_like(space, gen)
+    prev, grads = random_like(space, gen), random_like(space, gen)
+    for chunk in space.all_chunks():
+        s = chunk.space(chunk.read(x0, DT))
+        vs = [0.01 * chunk.read(t, DT) for t in (xi, prev)] + [chunk.read(grads, DT)]
+        g, gram = s.gradient_gram(torch.stack(vs))
+        expected_g = s.rgrad(s.pullback(vs[0], vs[2]))
+        torch.testing.assert_close(g, expected_g, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(gram, s.gram(vs[0], vs[1], expected_g), rtol=1e-12, atol=1e-14)
