@@ -125,6 +125,9 @@ class PerturbationSpace:
         self.first_order = functools.partial(manifold.retr, self.point)  # ``x + ξ``
         self.ball = ball
         self.ball_point = self.point if ball is manifold else ball.at(x)
+        #: Straight moves in the part's own element-wise adaptive metric (a piece of the
+        #: adaptive rest): ``J = I``, every vector horizontal, ``rgrad(∇) = ŵ² ∇``.
+        self.adaptive_rest = self.linear and ball is manifold and isinstance(ball, AdaptiveGeometry)
 
     def zeros(self) -> Tensor:
         return torch.zeros_like(self.point.x)
@@ -169,7 +172,7 @@ class PerturbationSpace:
         along straight lines in its own element-wise adaptive metric, a piece of the adaptive
         rest), and ``K`` is :meth:`stacked_gram` of ``(ξ, ξ_prev, g)``: no stack of its own."""
         xi, _, d = rows.unbind(0)
-        if self.linear and self.ball is self.manifold and isinstance(self.ball, AdaptiveGeometry):
+        if self.adaptive_rest:
             d.mul_(self.ball.scale_squared(self.point))
         else:
             d.copy_(self.rgrad(self.pullback(xi, d)))
@@ -383,6 +386,30 @@ class Piece:
         """Vectors of the piece, each given segment by segment (:meth:`entries`), as the rows
         of one new ``(k, n)`` tensor: one concatenation of all the segments."""
         return torch.cat([t for row in rows for t in row]).view(len(rows), -1)
+
+    def gradient_gram_(
+        self,
+        space: PerturbationSpace,
+        xi: list[Tensor],
+        previous: Mapping[str, Tensor],
+        grads: Mapping[str, Tensor],
+    ) -> Tensor:
+        """The Gram matrix of ``(ξ, ξ_prev, g)`` in the ball's metric at the piece's entries,
+        with ``grads ← g = rgrad(∇)`` there (``space``: the piece at its base point; ``xi``:
+        :meth:`entries` of ``ξ``). A piece of the adaptive rest whose gradients are plain views
+        gets ``g = ŵ² ∇`` in place in the gradients' own tensors (one ``_foreach_mul_``) and
+        the three vectors read into one ``(3, n)`` tensor; any other reads ``∇`` with them and
+        writes ``g`` back (:meth:`PerturbationSpace.gradient_gram`)."""
+        dtype = space.point.dtype
+        views = self.views(grads, dtype) if space.adaptive_rest else None
+        if views is not None:
+            scale = space.manifold.scale_squared(space.point)
+            torch._foreach_mul_(views, self.split(scale))  # pyright: ignore[reportPrivateImportUsage]
+            return space.stacked_gram(self.rows(xi, self.entries(previous, dtype), views))
+        rows = self.rows(xi, self.entries(previous, dtype), self.entries(grads, dtype))
+        g, gram = space.gradient_gram(rows)
+        self.write_(grads, g)
+        return gram
 
     def difference(
         self, a: Mapping[str, Tensor], b: Mapping[str, Tensor], dtype: torch.dtype

@@ -384,20 +384,16 @@ class Objective:
         with self.diagnosis.located(), self.checks:
             for part in self.space.parts():
                 s = self.base.space(part)
-                if isinstance(part, Piece):  # ξ_k, ξ_{k-1}, ∇ read in one concatenation
-                    rows = part.rows(
-                        self._xi_entries(part),
-                        part.entries(self.previous, self.dtype),
-                        part.entries(grads, self.dtype),
+                if isinstance(part, Piece):  # ξ_k, ξ_{k-1}, g read in one concatenation
+                    sums.add(
+                        part, part.gradient_gram_(s, self._xi_entries(part), self.previous, grads)
                     )
-                    g, gram = s.gradient_gram(rows)
-                else:
-                    xi = self._part_current(part)
-                    prev = part.read(self.previous, self.dtype)
-                    g = s.rgrad(s.pullback(xi, part.read(grads, self.dtype)))
-                    gram = s.gram(xi, prev, g)
+                    continue
+                xi = self._part_current(part)
+                prev = part.read(self.previous, self.dtype)
+                g = s.rgrad(s.pullback(xi, part.read(grads, self.dtype)))
                 part.write_(grads, g)
-                sums.add(part, gram)
+                sums.add(part, s.gram(xi, prev, g))
         return sums.total()
 
     def _part_current(self, part: BlockChunk | Piece) -> Tensor:

@@ -1,8 +1,9 @@
 """The Gram pass of the maximiser, piece by piece, against the straightforward formula.
 
 A piece's three vectors ``(ξ_k, ξ_{k-1}, ∇)`` are read in one concatenation
-(:meth:`Piece.rows`), ``∇`` becomes the Riemannian gradient in place and the Gram matrix comes
-from that one tensor (:meth:`PerturbationSpace.gradient_gram`); here ``g = ŵ² ∇`` and
+(:meth:`Piece.rows`), ``∇`` becomes the Riemannian gradient in place (in the gradients' own
+tensors, :meth:`Piece.gradient_gram_`) and the Gram matrix comes from that one tensor
+(:meth:`PerturbationSpace.gradient_gram`); here ``g = ŵ² ∇`` and
 ``K_ij = Σ vᵢ vⱼ / ŵ²`` (``ŵ = max(|x|, floor)``) are computed entry by entry from the
 flattened vectors, and a chunk's generic path against ``rgrad`` and :meth:`gram`, over random
 models, seeds, piece sizes, masked segments, weights at the floor and half-precision
@@ -61,6 +62,18 @@ def check_pieces(space: pt.Perturbations, seed: int, zeros: float, rtol: float) 
         torch.testing.assert_close(g.double(), vectors[2], rtol=rtol, atol=0.0)
         torch.testing.assert_close(gram.double(), expected, rtol=rtol, atol=rtol * 1e-3)
         assert torch.equal(gram, gram.mT)
+        # the gradients replaced by g in their own tensors (in place, or written back)
+        out = {name: t.clone() for name, t in grads.items()}
+        gram = piece.gradient_gram_(
+            piece.space(piece.read(x0, dtype)), piece.differences(w, x0, dtype), prev, out
+        )
+        torch.testing.assert_close(gram.double(), expected, rtol=rtol, atol=rtol * 1e-3)
+        stored = vectors[2].to(out[piece.names[0]].dtype).double()  # in the gradients' dtype
+        torch.testing.assert_close(piece.read(out, dtype).double(), stored, rtol=rtol, atol=0)
+        for name in grads:  # nothing else written
+            if name not in piece.names:
+                assert torch.equal(out[name], grads[name])
+        grads = out
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
