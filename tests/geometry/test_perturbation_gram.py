@@ -93,7 +93,11 @@ def test_piece_gram_matches_the_formula(seed, shape, piece, zeros, symmetric):
         if piece:  # pieces of a few entries: small parameters shared, large ones sliced
             mp.setattr(pt, "PIECE", piece)
             mp.setattr(pt, "SMALL", piece)
+            mp.setattr(pt, "CHUNK_FRACTION", 1e-9)  # (or a chunk's worth of entries)
+            mp.setattr(pt, "MIN_CHUNK_BYTES", piece)
         space = pt.Perturbations(geometry, "second_order")
+    if piece == 7:
+        assert len(space.rest) > 1
     check_pieces(space, seed, zeros, rtol=1e-12)
 
 

@@ -111,9 +111,11 @@ def test_first_step_matches_the_formula_part_by_part(
         if piece:  # pieces of a few entries: small parameters shared, large ones sliced
             mp.setattr(pt, "PIECE", piece)
             mp.setattr(pt, "SMALL", piece)
-        if chunk:  # chunks of a block or a few, whose gradients (and points) are not all kept
+        if piece or chunk:  # (a piece holds a chunk's worth of entries where that is more)
             mp.setattr(pt, "CHUNK_FRACTION", 1e-9)
-            mp.setattr(pt, "MIN_CHUNK_BYTES", chunk)
+            mp.setattr(pt, "MIN_CHUNK_BYTES", chunk or piece)
+        if piece == 7:
+            assert len(GeodesicSAM(model, torch.optim.SGD, variant=variant).space.rest) > 1
         kw = {"perturbation": perturbation} if variant == "geodesic" else {}
         check(model, loss_fn, rtol=1e-13, atol=1e-15, floor=floor, rho=0.05, variant=variant, **kw)
 
