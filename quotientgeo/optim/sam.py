@@ -264,8 +264,9 @@ class GeodesicSAM(torch.optim.Optimizer):
         :class:`~quotientgeo.integrations.transformers.SAMTrainer`."""
         if self._origin is None:
             raise RuntimeError("restore needs a first_step before it")
-        for name, t in self.space.local().items():
-            t.copy_(self._origin[name])
+        weights = self.space.local()
+        origin = [self._origin[name] for name in weights]
+        torch._foreach_copy_(list(weights.values()), origin)  # pyright: ignore[reportPrivateImportUsage]
         self._origin = None
 
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor:
