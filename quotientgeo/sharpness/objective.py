@@ -572,7 +572,8 @@ def _recomputes_forward(model: nn.Module) -> bool:
 def _fresh(tensors: Mapping[str, Tensor], names: list[str]) -> dict[str, Tensor]:
     """New contiguous tensors shaped as ``tensors[name]`` for ``names`` (a piece's parameters):
     views of one allocation where they share a dtype and a device, so that a piece's small
-    parameters cost one allocation, not one each (they are freed together)."""
+    parameters cost one allocation, not one each (its memory returns once every view is
+    dropped: at most a piece's worth is held longer)."""
     like = [tensors[n] for n in names]
     if len({(t.dtype, t.device) for t in like}) > 1:
         return {
