@@ -60,7 +60,7 @@ class AdaptiveGeometry(QuotientManifold):
         """``ŵ ⊙ ∇`` for each pair of ``w`` and ``∇`` (new tensors): the Riemannian gradient
         ``ŵ² ∇`` whitened, so that its square 2-norm is the gradient's square metric norm,
         ``||ŵ² ∇||²_w = Σ (ŵ ∇)²``. Three passes: ``|w|``, the floor, the product."""
-        out = torch._foreach_abs(w)  # pyright: ignore[reportPrivateImportUsage]
+        out = list(torch._foreach_abs(w))  # pyright: ignore[reportPrivateImportUsage]
         torch._foreach_clamp_min_(out, self.floor)  # pyright: ignore[reportPrivateImportUsage]
         torch._foreach_mul_(out, grads)  # pyright: ignore[reportPrivateImportUsage]
         return out
