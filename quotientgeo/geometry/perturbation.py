@@ -411,14 +411,6 @@ class Piece:
         self.write_(grads, g)
         return gram
 
-    def difference(
-        self, a: Mapping[str, Tensor], b: Mapping[str, Tensor], dtype: torch.dtype
-    ) -> Tensor:
-        """``a - b`` at the piece's entries, in ``dtype``: the :meth:`differences` of its
-        segments, concatenated (not two concatenations and a subtraction)."""
-        diffs = self.differences(a, b, dtype)
-        return diffs[0] if len(diffs) == 1 else torch.cat(diffs)
-
     @torch.no_grad()
     def write_sum_(
         self,

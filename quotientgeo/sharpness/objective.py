@@ -222,15 +222,15 @@ class Objective:
     def _xi(self, piece: Piece) -> Tensor:
         """The piece's entries of the current iterate ``ξ_k`` (compute dtype; a view of
         ``current`` where it is held there)."""
-        if all(seg.name not in self.current for seg in piece.segments):  # read off the weights
-            return piece.difference(self.weights, self.x0, self.dtype)
         parts = self._xi_entries(piece)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _xi_entries(self, piece: Piece) -> list[Tensor]:
-        """:meth:`_xi` segment by segment (not concatenated)."""
+        """:meth:`_xi` segment by segment (not concatenated): ``w̃ - x0`` where ``ξ_k`` is read
+        off the weights, in one ``_foreach_sub`` (:meth:`Piece.differences`)."""
         off = tuple(seg for seg in piece.segments if seg.name not in self.current)
-        diffs = iter(Piece(off).differences(self.weights, self.x0, self.dtype) if off else [])
+        read_off = piece if len(off) == len(piece.segments) else Piece(off)
+        diffs = iter(read_off.differences(self.weights, self.x0, self.dtype) if off else [])
         return [
             seg.of(self.current[seg.name]).to(self.dtype)
             if seg.name in self.current
