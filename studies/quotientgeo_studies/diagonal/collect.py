@@ -4,6 +4,7 @@ measure every member at every radius of the grid (members split over the ranks).
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from quotientgeo.sharpness import SharpnessMeasure
 
 from .. import _common as C
 from .. import _curvature
-from .config import CALIBRATED_BY, GEODESIC, Config
+from .config import CALIBRATED_BY, GEODESIC, Config, Size
 from .records import Calibrated, Member, PopulationRecords, Records
 from .training import DiagonalNet, hyperparameters, make_data, mse, rescale_geometry, sgd_grid
 from .training import train_population as _train
@@ -31,25 +32,33 @@ def bound(measure: SharpnessMeasure, model: DiagonalNet) -> SharpnessMeasure:
     return measure.replace(symmetries=rescale_geometry(model, metric))
 
 
-def design(name: str, config: Config) -> dict[str, torch.Tensor]:
+def design(name: str, size: Size, seed: int) -> dict[str, torch.Tensor]:
     """The population's hyperparameters, member by member (``seed``: batch-order seed index):
     ``init`` draws them (:func:`~.training.hyperparameters`), ``sgd`` is a grid at one ``α``."""
-    size, data = config.size, config.size.data
+    data = size.data
     if name == "init":
-        hp = hyperparameters(data.n_models, data.n, config.seed)
+        hp = hyperparameters(data.n_models, data.n, seed)
         return {**hp, "seed": torch.zeros(data.n_models, dtype=torch.long)}
     return sgd_grid(size.sgd_alpha, size.sgd_lr, size.sgd_batch, size.sgd_seeds)
 
 
-def train(name: str, hp: dict, data: dict, config: Config, show: bool) -> dict[str, torch.Tensor]:
-    """Every member trained, in member order; the members of batch-order seed ``s`` train
-    together with seed ``config.seed + 1000·s`` (``s = 0``: the first design's seed)."""
+def train(name: str, config: Config, show: bool) -> dict[str, torch.Tensor]:
+    """Every member of population ``name`` (:func:`design`) trained, in member order; the members
+    of batch-order seed ``s`` train together with seed ``config.seed + 1000·s`` (``s = 0``: the
+    first design's seed). Trained once per process: the sharpness rows and the curvature rows
+    share the networks."""
+    return _trained(name, config.seed, config.size, show)
+
+
+@functools.lru_cache(maxsize=len(AXES))
+def _trained(name: str, seed: int, size: Size, show: bool) -> dict[str, torch.Tensor]:
+    hp, data = design(name, size, seed), make_data(size.data, seed)
     parts, order = [], []
     for s in sorted(set(hp["seed"].tolist())):
         idx = (hp["seed"] == s).nonzero().flatten()
         sub = {k: v[idx] for k, v in hp.items() if k != "seed"}
         with C.counter(f"training {name} (seed {s}, converged)", len(idx), enabled=show) as bar:
-            parts.append(_train(data, sub, config.size.data, config.seed + 1000 * s, bar))
+            parts.append(_train(data, sub, size.data, seed + 1000 * s, bar))
         order.append(idx)
     inverse = torch.cat(order).argsort()
     return {k: torch.cat([p[k] for p in parts])[inverse] for k in parts[0]}
@@ -100,8 +109,8 @@ def collect_population(
     """Train, calibrate and measure population ``name`` (module docstring)."""
     seconds, tick = {}, time.perf_counter()
     show = config.progress and population.is_reporter
-    hp = design(name, config)
-    trained = train(name, hp, data, config, show)
+    hp = design(name, config.size, config.seed)
+    trained = train(name, config, show)
     seconds["training"] = time.perf_counter() - tick
     finite = torch.isfinite(trained["test_loss"]) & torch.isfinite(trained["train_loss"])
     keep = finite.nonzero().flatten().tolist()
@@ -183,9 +192,9 @@ def curvature_populations(
     show = config.progress and population.is_reporter
     found = []
     for name in config.populations:
-        hp = design(name, config)
+        hp = design(name, config.size, config.seed)
         with C.threads(1):
-            trained = train(name, hp, data, config, show)
+            trained = train(name, config, show)
         finite = torch.isfinite(trained["test_loss"]) & torch.isfinite(trained["train_loss"])
         keep = finite.nonzero().flatten().tolist()
         gaps = [float(trained["test_loss"][k] - trained["train_loss"][k]) for k in keep]
@@ -212,6 +221,7 @@ def curvature_populations(
                 axes=axes,
                 metrics=("inv", "mix"),
                 symmetries=rescale_geometry,
+                context=lambda model: C.threads(1),  # tiny tensors: one thread is fastest
             )
         )
     return found

@@ -22,7 +22,7 @@ from quotientgeo.manifolds import DEFAULT_METRIC
 from .. import _common as C
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainingConfig:
     """Data and training sizes (``--quick`` shrinks them); ``n_models``: the first population."""
 
