@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +60,8 @@ def models(quick: bool, seed: int):
     """``{name: (model, loss_fn, batches, geometry)}`` for the two networks."""
     from quotientgeo import find_symmetries
 
-    cfg = diagonal.TrainingConfig.quick() if quick else diagonal.TrainingConfig(n_models=1)
-    cfg.n_models = 1
+    cfg = diagonal.TrainingConfig.quick() if quick else diagonal.TrainingConfig()
+    cfg = replace(cfg, n_models=1)
     data = diagonal.make_data(cfg, seed)
     hp = diagonal.hyperparameters(1, cfg.n, seed)
     hp["alpha"][:] = 0.1
