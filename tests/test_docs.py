@@ -39,6 +39,8 @@ EXAMPLES_NOT_RUN = {
 }
 # examples that a test elsewhere runs
 EXAMPLES_RUN_ELSEWHERE = {"define_a_symmetry.py": "tests/manifolds/test_user_subclasses.py"}
+# examples run on smaller sizes than their command's (the command's take half a minute)
+EXAMPLE_ARGUMENTS = {"llama_fd_step.py": ["--width", "32", "--layers", "1"]}
 
 
 def code_blocks(text: str) -> list[tuple[int, str, str | None]]:
@@ -132,9 +134,9 @@ def test_a_skipped_block_says_why():
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs(example, tmp_path, monkeypatch):
-    """Every example runs as its command would (``python examples/NAME.py``, here in this
-    process, as ``__main__``, in a fresh folder), unless it is run elsewhere: by a test named in
-    ``EXAMPLES_RUN_ELSEWHERE``, or as a docs block."""
+    """Every example runs as its command would (``python examples/NAME.py``, with the arguments
+    of ``EXAMPLE_ARGUMENTS``, here in this process, as ``__main__``, in a fresh folder), unless it
+    is run elsewhere: by a test named in ``EXAMPLES_RUN_ELSEWHERE``, or as a docs block."""
     compile(example.read_text(encoding="utf-8"), str(example), "exec")
     name = example.name
     if f"examples/{name}" in INCLUDED:
@@ -148,7 +150,7 @@ def test_example_runs(example, tmp_path, monkeypatch):
         pytest.importorskip("quotientgeo_studies")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    monkeypatch.setattr(sys, "argv", [str(example)])
+    monkeypatch.setattr(sys, "argv", [str(example), *EXAMPLE_ARGUMENTS.get(name, [])])
     runpy.run_path(str(example), run_name="__main__")
 
 

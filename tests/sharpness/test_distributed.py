@@ -233,16 +233,19 @@ def test_without_a_process_group_the_argument_changes_nothing():
 
 
 @pytest.mark.parametrize(
-    ("name", "json_name"), [("diagonal", "diagonal.json"), ("transformers", "transformers.json")]
+    ("name", "json_name", "curvature"),
+    [("diagonal", "diagonal.json", "also"), ("transformers", "transformers.json", "off")],
 )
 def test_population_commands_under_torchrun_write_what_one_process_writes(
-    tmp_path, name, json_name
+    tmp_path, name, json_name, curvature
 ):
     """``torchrun --nproc_per_node 2 quotientgeo reproduce NAME --quick``: the ranks split the
-    population, rank 0 writes the JSON and figure of a single-process run."""
+    population, rank 0 writes the JSON and figure of a single-process run, and the curvature
+    rows' JSON where they run (the diagonal study; the ViT's take a minute more)."""
     pytest.importorskip("sklearn")
     base = [sys.executable, "-W", "ignore"]
-    command = ["-m", "quotientgeo.cli", "reproduce", name, "--quick", "--no-progress"]
+    command = ["-m", "quotientgeo.cli", "reproduce", name, "--quick", "--no-progress",
+               "--curvature", curvature]  # fmt: skip
     single, multi = tmp_path / "single", tmp_path / "multi"
     subprocess.run([*base, *command, "--out", str(single)], check=True, timeout=300,
                    capture_output=True)  # fmt: skip
@@ -263,3 +266,11 @@ def test_population_commands_under_torchrun_write_what_one_process_writes(
         for key in ("geodesic_mix", "geodesic_inv", "adaptive", "gap"):
             assert [m[key] for m in one["models"]] == [m[key] for m in two["models"]], (p, key)
     assert (multi / json_name.replace(".json", ".png")).stat().st_size > 1000
+    rows = json_name.replace(".json", "_curvature.json")
+    assert (single / rows).exists() == (multi / rows).exists() == (curvature == "also")
+    if curvature == "also":
+        a, b = (json.loads((out / rows).read_text())["populations"] for out in (single, multi))
+        assert list(a) == list(b)
+        for p in a:
+            assert a[p]["members"] == b[p]["members"], p
+            assert a[p]["kendall_tau"] == b[p]["kendall_tau"], p
