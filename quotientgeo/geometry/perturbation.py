@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -47,6 +47,8 @@ __all__ = [
     "Piece",
     "Segment",
     "Sums",
+    "clone_together",
+    "empty_like_together",
     "in_ball",
     "move_of",
 ]
@@ -494,6 +496,36 @@ def cut(entries: list[tuple[str, int, Tensor | None]], size: int = 0) -> list[li
     if shared:
         out.append(shared)
     return out
+
+
+def empty_like_together(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """New contiguous tensors shaped as ``tensors``: views of one allocation per dtype and
+    device, so that many small tensors cost one allocation, not one each (the memory returns
+    once every view of it is dropped)."""
+    return _together(
+        tensors,
+        lambda group: torch.empty(
+            sum(t.numel() for t in group), dtype=group[0].dtype, device=group[0].device
+        ),
+    )
+
+
+def clone_together(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """Contiguous copies of ``tensors``, allocated as by :func:`empty_like_together`, each
+    allocation written by one ``cat``."""
+    return _together(tensors, lambda group: torch.cat([t.reshape(-1) for t in group]))
+
+
+def _together(tensors: Sequence[Tensor], flat: Callable[[list[Tensor]], Tensor]) -> list[Tensor]:
+    """``tensors`` as views of ``flat(group)``, one flat tensor per dtype and device."""
+    groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.dtype, t.device), []).append(i)
+    views: dict[int, Tensor] = {}
+    for members in groups.values():
+        sizes = [tensors[i].numel() for i in members]
+        views.update(zip(members, flat([tensors[i] for i in members]).split(sizes), strict=True))
+    return [views[i].view(t.shape) for i, t in enumerate(tensors)]
 
 
 def _slice(mask: Tensor | None, start: int, stop: int) -> Tensor | None:

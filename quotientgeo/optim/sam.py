@@ -33,7 +33,7 @@ from torch import nn
 from ..geometry import ParameterGeometry
 from ..geometry import shards as sh
 from ..geometry.diagnosis import Diagnosis
-from ..geometry.perturbation import BasePoint, Perturbations, Piece, Sums
+from ..geometry.perturbation import BasePoint, Perturbations, Piece, Sums, clone_together
 from ..geometry.symmetries import geometry_of
 from ..linalg import deferred_checks
 from ..manifolds import AdaptiveGeometry, EuclideanGeometry, QuotientManifold
@@ -190,8 +190,8 @@ class GeodesicSAM(torch.optim.Optimizer):
                 sums.add(piece, self._rest_sqnorm(piece, weights, grads))
             norm = sums.total()
             scale = rho / (norm.sqrt() + torch.finfo(norm.dtype).tiny)
-            # the weights as they are; then each part's step, read from them
-            self._origin = {name: t.clone() for name, t in weights.items()}
+            # the weights as they are (one allocation); then each part's step, read from them
+            self._origin = dict(zip(weights, clone_together(list(weights.values())), strict=True))
             try:
                 with deferred_checks():  # (the factors are the first pass's: none are new)
                     for chunk in space.all_chunks():

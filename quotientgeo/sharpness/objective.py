@@ -49,11 +49,16 @@ end                     ``PREVIOUS``:         ``PREVIOUS``              ``OWN``
 ======================  ====================  ========================  ========================
 
 The backward pass does not read a weight again once that weight's gradient is accumulated, so
-at that moment a hook moves ``ξ_k`` of a symmetric parameter into the parameter's own storage
-and frees its buffer (:meth:`Objective._park`): from there until the next step writes the
-weights, ``current`` of that parameter *is* the weight tensor. So a symmetric parameter never
-holds ``w̃``, ``ξ_k`` and ``∇L`` at once, and the peak, at the end of the backward pass, holds
-``x0``, ``previous`` and at most ``best`` besides the model's weights and gradients. On a model
+from then on a symmetric parameter's own storage can hold ``ξ_k``, and ``ξ_k``'s buffer can go
+(:meth:`Objective._park`). The symmetric parameters are parked in groups: consecutive in the
+backward pass's order (the reverse of the parameters'), each of at most a piece's worth of
+entries (``Perturbations.piece_size``), or one larger parameter; a hook on each parameter moves
+the whole group in one ``_foreach_copy_`` once every parameter of the group has its gradient.
+From there until the next step writes the weights, ``current`` of those parameters *is* the
+weight tensor. So, but for at most a group's worth, a symmetric parameter never holds ``w̃``,
+``ξ_k`` and ``∇L`` at once, and the peak, at the end of the backward pass, holds ``x0``,
+``previous`` and at most ``best`` besides the model's weights and gradients; and parking costs
+a number of operators that grows with the parameters' bytes, not with their count. On a model
 sharded with FSDP2 the hook runs once the reduce-scatter has written the parameter's gradient
 shard, and parks the local part. Models that recompute their forward pass in the backward pass
 (activation checkpointing, where a weight is read again) keep ``current`` throughout.
@@ -81,7 +86,14 @@ from torch import nn
 from ..geometry import ParameterGeometry
 from ..geometry import shards as sh
 from ..geometry.diagnosis import Diagnosis
-from ..geometry.perturbation import BasePoint, BlockChunk, Perturbations, Piece, Sums
+from ..geometry.perturbation import (
+    BasePoint,
+    BlockChunk,
+    Perturbations,
+    Piece,
+    Sums,
+    empty_like_together,
+)
 from ..heap import release_free_memory
 from ..linalg import DeferredChecks
 from .ranks import Local, add_note
@@ -164,6 +176,8 @@ class Objective:
         self.current = space.empty(explicit)  # ξ_k where it cannot be read off the weights
         self._parked: set[str] = set()  # names whose ξ_k is in the weights (``current`` aliases)
         self._parking = False  # a backward pass of :meth:`gradient` is running
+        self._accumulated: set[str] = set()  # names whose gradient this backward pass has
+        self._group = {n: g for g in _parking_groups(self.current, space.piece_size) for n in g}
         self._hooks = []
         if not _recomputes_forward(model):
             for name in explicit:
@@ -196,16 +210,22 @@ class Objective:
 
     @torch.no_grad()
     def _park(self, name: str, param: Tensor) -> None:
-        """After the gradient of parameter ``name`` is accumulated (a hook): its weights, which
-        the backward pass no longer reads, take ``ξ_k``, and ``ξ_k``'s own buffer is freed."""
+        """After the gradient of parameter ``name`` is accumulated (a hook): once every
+        parameter of its parking group has its gradient, their weights, which the backward pass
+        no longer reads, take ``ξ_k``, and ``ξ_k``'s own buffers are freed."""
         if not self._parking or name in self._parked:
             return
-        weights, own = self.weights[name], self.current[name]
-        weights.copy_(own)
-        if own.is_cuda:  # FSDP2 calls the hook on its reduce-scatter stream
-            own.record_stream(torch.cuda.current_stream(own.device))
-        self.current[name] = weights
-        self._parked.add(name)
+        self._accumulated.add(name)
+        group = self._group[name]
+        if not self._accumulated.issuperset(group):
+            return
+        weights, own = [self.weights[n] for n in group], [self.current[n] for n in group]
+        torch._foreach_copy_(weights, own)  # pyright: ignore[reportPrivateImportUsage]
+        for t in own:
+            if t.is_cuda:  # FSDP2 calls the hook on its reduce-scatter stream
+                t.record_stream(torch.cuda.current_stream(t.device))
+        self.current.update(zip(group, weights, strict=True))
+        self._parked.update(group)
 
     @torch.no_grad()
     def _unpark(self) -> None:
@@ -331,6 +351,7 @@ class Objective:
             if pending is None:  # its forward pass failed (and is reported)
                 raise RuntimeError("no forward pass to differentiate")
             self._parking = True
+            self._accumulated.clear()
             try:
                 pending[0].backward()
             finally:
@@ -523,8 +544,11 @@ class Objective:
                 part.write_(out, xi)
                 sums.add(part, s.sqnorm(xi))
         scale = rho / sums.total().sqrt()
+        by_dtype: dict[torch.dtype, list[Tensor]] = {}
         for t in out.values():
-            t.mul_(scale.to(t.dtype))
+            by_dtype.setdefault(t.dtype, []).append(t)
+        for dtype, tensors in by_dtype.items():
+            torch._foreach_mul_(tensors, scale.to(dtype))  # pyright: ignore[reportPrivateImportUsage]
 
     def set_random(self, gen: torch.Generator, rho: float) -> None:
         """The model at ``γ_ξ(1)`` for a random ``ξ`` of norm ``rho`` (average sharpness)."""
@@ -569,19 +593,24 @@ def _recomputes_forward(model: nn.Module) -> bool:
     return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
 
+def _parking_groups(current: Mapping[str, Tensor], size: int) -> list[tuple[str, ...]]:
+    """The parameters of ``current`` in the backward pass's order (the reverse of theirs), cut
+    into runs of at most ``size`` entries (a larger parameter is a run of its own)."""
+    groups: list[tuple[str, ...]] = []
+    run: list[str] = []
+    entries = 0
+    for name in reversed(list(current)):
+        n = current[name].numel()
+        if run and entries + n > size:
+            groups.append(tuple(run))
+            run, entries = [], 0
+        run.append(name)
+        entries += n
+    return [*groups, tuple(run)] if run else groups
+
+
 def _fresh(tensors: Mapping[str, Tensor], names: list[str]) -> dict[str, Tensor]:
-    """New contiguous tensors shaped as ``tensors[name]`` for ``names`` (a piece's parameters):
-    views of one allocation where they share a dtype and a device, so that a piece's small
-    parameters cost one allocation, not one each (its memory returns once every view is
-    dropped: at most a piece's worth is held longer)."""
-    like = [tensors[n] for n in names]
-    if len({(t.dtype, t.device) for t in like}) > 1:
-        return {
-            n: torch.empty_like(t, memory_format=torch.contiguous_format)
-            for n, t in zip(names, like, strict=True)
-        }
-    if not like:
-        return {}
-    flat = torch.empty(sum(t.numel() for t in like), dtype=like[0].dtype, device=like[0].device)
-    views = flat.split([t.numel() for t in like])
-    return {n: v.view(t.shape) for n, v, t in zip(names, views, like, strict=True)}
+    """New contiguous tensors shaped as ``tensors[name]`` for ``names`` (a piece's parameters),
+    views of one allocation (:func:`empty_like_together`): at most a piece's worth of memory is
+    held until its last view is dropped."""
+    return dict(zip(names, empty_like_together([tensors[n] for n in names]), strict=True))

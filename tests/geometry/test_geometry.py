@@ -735,3 +735,40 @@ def test_pieces_take_a_chunks_worth_where_that_is_more(widths, piece, chunk_entr
             seen += [(seg.name, i) for seg in part.segments for i in range(seg.start, seg.stop)]
         expected = [(n, i) for n, t in space.params.items() for i in range(t.numel())]
         assert sorted(seen) == sorted(expected)  # (sliced parameters come before shared ones)
+
+
+@given(
+    shapes=st.lists(st.lists(st.integers(0, 5), max_size=3), min_size=1, max_size=8),
+    kinds=st.lists(st.sampled_from([torch.float32, torch.float64, torch.bfloat16]), min_size=8),
+    copy=st.booleans(),
+)
+@settings(max_examples=40, deadline=None)
+def test_tensors_together_are_one_allocation_per_dtype(shapes, kinds, copy):
+    """``empty_like_together`` and ``clone_together``: contiguous tensors of the inputs' shapes
+    and dtypes (copies of their values), the tensors of one dtype views of one allocation,
+    disjoint, so that writing one leaves the others as they are."""
+    from quotientgeo.geometry.perturbation import clone_together, empty_like_together
+
+    gen = torch.Generator().manual_seed(len(shapes))
+    tensors = [
+        torch.randn(shape, generator=gen).to(dtype).transpose(0, -1) if len(shape) > 1
+        else torch.randn(shape, generator=gen).to(dtype)
+        for shape, dtype in zip(shapes, kinds, strict=False)
+    ]  # fmt: skip
+    out = (clone_together if copy else empty_like_together)(tensors)
+    assert [(t.shape, t.dtype, t.device) for t in out] == [
+        (t.shape, t.dtype, t.device) for t in tensors
+    ]
+    assert all(t.is_contiguous() for t in out)
+    if copy:
+        assert all(torch.equal(a, b) for a, b in zip(out, tensors, strict=True))
+    storages = {}
+    for t in out:
+        storages.setdefault(t.dtype, set()).add(t.untyped_storage().data_ptr())
+    assert all(len(ptrs) == 1 for ptrs in storages.values())
+    assert len(storages) == len({t.dtype for t in tensors})
+    for t in out:
+        t.zero_()
+    for i, t in enumerate(out):
+        t.fill_(i + 1)
+        assert all(bool((u == j + 1).all()) for j, u in enumerate(out[: i + 1]))

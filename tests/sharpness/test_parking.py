@@ -9,11 +9,14 @@ forward pass in the backward pass (activation checkpointing) is measured without
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from quotientgeo import geodesic_sharpness
 from quotientgeo.sharpness import objective as objective_module
@@ -96,3 +99,49 @@ def test_a_model_that_recomputes_its_forward_pass_is_not_parked(monkeypatch):
     parked = _parks(monkeypatch)
     result = geodesic_sharpness(model, loss_fn, [None], rho=0.05, n_iter=4, progress=False)
     assert not parked and result.value == reference.value
+
+
+@given(
+    sizes=st.lists(st.integers(1, 50), min_size=1, max_size=12),
+    size=st.integers(1, 120),
+)
+@settings(max_examples=60, deadline=None)
+def test_parking_groups_are_runs_of_the_backward_order_within_a_size(sizes, size):
+    """The groups, in order, are the parameters in reverse, each run at most ``size`` entries
+    (or one larger parameter), and a run ends only where the next parameter would not fit."""
+    current = {f"p{i}": torch.empty(n) for i, n in enumerate(sizes)}
+    groups = objective_module._parking_groups(current, size)
+    assert [n for g in groups for n in g] == list(reversed(current))
+    entries = [sum(current[n].numel() for n in g) for g in groups]
+    for g, e in zip(groups, entries, strict=True):
+        assert e <= size or len(g) == 1
+    for g, nxt in itertools.pairwise(groups):
+        assert sum(current[n].numel() for n in (*g, nxt[0])) > size
+
+
+@pytest.mark.parametrize("piece_size", [1, 2**40])
+def test_a_group_parks_at_once_whatever_its_size(piece_size, monkeypatch):
+    """With one parameter per group or every symmetric parameter in one, each backward pass
+    parks every symmetric parameter, and the numbers do not change."""
+    model, loss_fn = regression("gpt2")
+    reference = geodesic_sharpness(model, loss_fn, [None], rho=0.05, n_iter=4, progress=False)
+    groups, backward_passes = [], []
+    init, gradient = objective_module.Objective.__init__, objective_module.Objective.gradient
+
+    def sized(self, model, loss_fn, space, *args, **kwargs):
+        monkeypatch.setattr(space, "piece_size", piece_size)
+        init(self, model, loss_fn, space, *args, **kwargs)
+        groups.append(set(self._group.values()))
+
+    def parks_all(self):
+        gradient(self)
+        backward_passes.append(self._parked == set(self._group) and bool(self._parked))
+
+    monkeypatch.setattr(objective_module.Objective, "__init__", sized)
+    monkeypatch.setattr(objective_module.Objective, "gradient", parks_all)
+    result = geodesic_sharpness(model, loss_fn, [None], rho=0.05, n_iter=4, progress=False)
+    assert result.value == reference.value and result.trace == reference.trace
+    assert len(groups) == 1 and backward_passes and all(backward_passes)
+    sizes = {len(g) for g in groups[0]}
+    assert sizes == ({1} if piece_size == 1 else {len(set().union(*groups[0]))})
+    assert piece_size == 1 or len(groups[0]) == 1
