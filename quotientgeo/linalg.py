@@ -305,6 +305,16 @@ def expm(A: Tensor, squarings: int | None = None) -> Tensor:
     return E
 
 
+@functools.cache
+def _taylor_coefficients(dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``c[j, i] = 1 / (4j + i)!`` (``3 × 4``), the Taylor coefficients of :func:`_expm`'s
+    Paterson–Stockmeyer groups; made once per dtype and device (a copy to a GPU would make the
+    host wait), outside inference mode so that autograd may save them."""
+    c = [[1.0 / math.factorial(4 * j + i) for i in range(4)] for j in range(3)]
+    with torch.inference_mode(False):
+        return torch.tensor(c, dtype=dtype, device=device)
+
+
 def _expm(A: Tensor, bound: int) -> tuple[Tensor, Tensor]:
     """:func:`expm` with ``S = bound`` squarings, and where a matrix needs more than ``S`` (or
     is not finite; those matrices come out ``NaN``)."""
@@ -314,17 +324,14 @@ def _expm(A: Tensor, bound: int) -> tuple[Tensor, Tensor]:
     s = torch.where(failed, torch.nan, (norm / _TAYLOR_THETA).log2().ceil().clamp(0, bound))
     B = A * torch.exp2(-s)
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device).expand_as(A)
-    c = [1.0 / math.factorial(k) for k in range(13)]
     B2 = B @ B
     B3 = B2 @ B
     B4 = B2 @ B2
-
-    def q(j: int) -> Tensor:  # c₄ⱼ I + c₄ⱼ₊₁ B + c₄ⱼ₊₂ B² + c₄ⱼ₊₃ B³
-        return c[4 * j] * eye + c[4 * j + 1] * B + c[4 * j + 2] * B2 + c[4 * j + 3] * B3
-
-    E = q(2) + c[12] * B4
-    E = q(1) + B4 @ E
-    E = q(0) + B4 @ E
+    # q_j = c₄ⱼ I + c₄ⱼ₊₁ B + c₄ⱼ₊₂ B² + c₄ⱼ₊₃ B³ for j = 0, 1, 2: one contraction of the powers
+    q = torch.tensordot(_taylor_coefficients(A.dtype, A.device), torch.stack([eye, B, B2, B3]), 1)
+    E = torch.add(q[2], B4, alpha=1.0 / math.factorial(12))
+    E = q[1] + B4 @ E
+    E = q[0] + B4 @ E
     if bound:
         square = s > torch.arange(bound, dtype=s.dtype, device=s.device)  # (..., 1, S)
         for j in range(bound):

@@ -299,3 +299,21 @@ def test_expm_rejects_non_finite(deferred):
 def test_expm_of_empty_and_zero_matrices():
     assert expm(torch.zeros(3, 0, 0)).shape == (3, 0, 0)
     assert torch.equal(expm(torch.zeros(2, 4, 4)), torch.eye(4).expand(2, 4, 4))
+
+
+def test_expm_first_called_in_inference_mode_still_differentiates():
+    """The Taylor coefficients are made once per dtype and device; made under
+    ``torch.inference_mode`` they must still be usable in a graph that autograd differentiates
+    (the gradient against ``torch.linalg.matrix_exp``'s)."""
+    from quotientgeo import linalg
+
+    linalg._taylor_coefficients.cache_clear()
+    gen = torch.Generator().manual_seed(0)
+    A = 0.5 * torch.randn(3, 4, 4, generator=gen, dtype=torch.float64)
+    with torch.inference_mode():
+        expm(A)
+    X = A.clone().requires_grad_()
+    (expm(X) ** 2).sum().backward()
+    Y = A.clone().requires_grad_()
+    (torch.linalg.matrix_exp(Y) ** 2).sum().backward()
+    torch.testing.assert_close(X.grad, Y.grad, rtol=1e-12, atol=1e-12)
