@@ -418,27 +418,30 @@ class Piece:
         self,
         tensors: Mapping[str, Tensor],
         base: Mapping[str, Tensor],
-        values: Tensor,
+        values: Tensor | Sequence[Tensor],
         names=None,
     ) -> None:
         """``tensors ← base + values`` at the piece's entries (of the parameters ``names``
-        only, where given), in place: where every tensor is a plain view in ``values``' dtype,
-        ``base`` copied in and ``values`` added in two ``_foreach`` operators (one ``add`` with
-        ``out`` for one segment), else :meth:`write_` of the sum."""
-        dtype = values.dtype
+        only, where given), in place; ``values``: the piece's entries, as one vector or segment
+        by segment (:meth:`parts`). Where every tensor is a plain view in ``values``' dtype,
+        ``base`` is copied in and ``values`` added in two ``_foreach`` operators (one ``add``
+        with ``out`` for one segment), else the sum is written by :meth:`write_`."""
+        parts = self.parts(values)
+        dtype = parts[0].dtype
         targets, sources = self.views(tensors, dtype), self.views(base, dtype)
         if (
             targets is None
             or sources is None
             or (names is not None and any(name not in names for name in self.names))
         ):
-            self.write_(tensors, self.read(base, dtype) + values, names)
+            sums = torch._foreach_add(self.entries(base, dtype), parts)  # pyright: ignore[reportPrivateImportUsage]
+            self.write_(tensors, sums, names)
             return
         if len(targets) == 1:
-            torch.add(sources[0], values, out=targets[0])
+            torch.add(sources[0], parts[0], out=targets[0])
             return
         torch._foreach_copy_(targets, sources)  # pyright: ignore[reportPrivateImportUsage]
-        torch._foreach_add_(targets, self.split(values))  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_add_(targets, parts)  # pyright: ignore[reportPrivateImportUsage]
 
     def split(self, values: Tensor) -> list[Tensor]:
         """``values`` (the piece's entries) cut into its segments."""
@@ -446,13 +449,25 @@ class Piece:
             return [values]
         return list(values.split([seg.size for seg in self.segments]))
 
+    def parts(self, values: Tensor | Sequence[Tensor]) -> list[Tensor]:
+        """The piece's entries segment by segment, from one vector (:meth:`split`) or from a
+        sequence of one tensor per segment (kept as it is)."""
+        if isinstance(values, Tensor):
+            return self.split(values)
+        if len(values) != len(self.segments):
+            raise ValueError(f"{len(values)} values for a piece of {len(self.segments)} segments")
+        return list(values)
+
     @torch.no_grad()
-    def write_(self, tensors: Mapping[str, Tensor], values: Tensor, names=None) -> None:
-        """Write ``values`` into the piece's entries of ``tensors`` (of the parameters
-        ``names`` only, where given), in place: the whole segments of contiguous tensors in one
-        ``_foreach_copy_``, the others segment by segment."""
+    def write_(
+        self, tensors: Mapping[str, Tensor], values: Tensor | Sequence[Tensor], names=None
+    ) -> None:
+        """Write ``values`` (one vector, or one tensor per segment) into the piece's entries
+        of ``tensors`` (of the parameters ``names`` only, where given), in place: the whole
+        segments of contiguous tensors in one ``_foreach_copy_``, the others segment by
+        segment."""
         targets, sources = [], []
-        for seg, part in zip(self.segments, self.split(values), strict=True):
+        for seg, part in zip(self.segments, self.parts(values), strict=True):
             if names is not None and seg.name not in names:
                 continue
             t = tensors[seg.name]

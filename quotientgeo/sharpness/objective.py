@@ -88,7 +88,6 @@ from ..geometry import shards as sh
 from ..geometry.diagnosis import Diagnosis
 from ..geometry.perturbation import (
     BasePoint,
-    BlockChunk,
     Perturbations,
     Piece,
     Sums,
@@ -239,15 +238,10 @@ class Objective:
         return self.geometry.gather(self.x0, dtype=self.dtype)
 
     # ------------------------------------------------------------------ parameter-wise passes
-    def _xi(self, piece: Piece) -> Tensor:
-        """The piece's entries of the current iterate ``ξ_k`` (compute dtype; a view of
-        ``current`` where it is held there)."""
-        parts = self._xi_entries(piece)
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
-
     def _xi_entries(self, piece: Piece) -> list[Tensor]:
-        """:meth:`_xi` segment by segment (not concatenated): ``w̃ - x0`` where ``ξ_k`` is read
-        off the weights, in one ``_foreach_sub`` (:meth:`Piece.differences`)."""
+        """The piece's entries of the current iterate ``ξ_k`` (compute dtype), segment by
+        segment: views of ``current`` where it is held there, else ``w̃ - x0`` read off the
+        weights in one ``_foreach_sub`` (:meth:`Piece.differences`)."""
         off = tuple(seg for seg in piece.segments if seg.name not in self.current)
         read_off = piece if len(off) == len(piece.segments) else Piece(off)
         diffs = iter(read_off.differences(self.weights, self.x0, self.dtype) if off else [])
@@ -267,7 +261,7 @@ class Objective:
         for piece in self.space.pieces:
             if names.isdisjoint(piece.names):
                 continue
-            piece.write_sum_(self.weights, self.x0, piece.read(source, self.dtype), names)
+            piece.write_sum_(self.weights, self.x0, piece.entries(source, self.dtype), names)
         if not first_order:
             self._move_blocks_(source)
 
@@ -282,7 +276,7 @@ class Objective:
     def _copy_current_(self, out: Mapping[str, Tensor]) -> None:
         """``out ← ξ_k``."""
         for piece in self.space.pieces:
-            piece.write_(out, self._xi(piece))
+            piece.write_(out, self._xi_entries(piece))
 
     @torch.no_grad()
     def _set_current_(self, source: Mapping[str, Tensor]) -> None:
@@ -410,18 +404,12 @@ class Objective:
                         part, part.gradient_gram_(s, self._xi_entries(part), self.previous, grads)
                     )
                     continue
-                xi = self._part_current(part)
+                xi = part.read(self.current, self.dtype)  # a chunk: ξ_k is held
                 prev = part.read(self.previous, self.dtype)
                 g = s.rgrad(s.pullback(xi, part.read(grads, self.dtype)))
                 part.write_(grads, g)
                 sums.add(part, s.gram(xi, prev, g))
         return sums.total()
-
-    def _part_current(self, part: BlockChunk | Piece) -> Tensor:
-        """The part's entries of the current iterate ``ξ_k`` (compute dtype)."""
-        if isinstance(part, BlockChunk):
-            return part.read(self.current, self.dtype)
-        return self._xi(part)
 
     @torch.no_grad()
     def advance(self, c: Tensor) -> None:
@@ -442,10 +430,8 @@ class Objective:
             if best_is_previous:
                 kept = [n for n in piece.names if previous[n] is self.previous[n]]
                 previous.update(_fresh(self.previous, kept))
-            xi = self._xi(piece)
-            new = xi * c0
-            new.addcmul_(piece.read(self.previous, self.dtype), c1)
-            new.addcmul_(piece.read(grads, self.dtype), c2)
+            xi = self._xi_entries(piece)
+            new = self._combination(piece, (c0, c1, c2), xi, grads)
             piece.write_(previous, xi)
             piece.write_(target, new, target)
             if not self.straight.isdisjoint(piece.names):
@@ -463,6 +449,25 @@ class Objective:
         for p in self.space.params.values():
             p.grad = None
         self._move_blocks_(self.current)
+
+    def _combination(
+        self, piece: Piece, c: tuple[Tensor, Tensor, Tensor], xi: list[Tensor], grads
+    ) -> list[Tensor]:
+        """``c₀ ξ_k + c₁ ξ_{k-1} + c₂ g`` at the piece's entries, segment by segment (``xi``:
+        :meth:`_xi_entries`). Where the gradients are plain views in the compute dtype it is
+        built in their own storage, which the step frees after it: five ``_foreach``
+        operators and no concatenation; else in a new vector."""
+        c0, c1, c2 = c
+        previous, g = piece.views(self.previous, self.dtype), piece.views(grads, self.dtype)
+        if previous is None or g is None:
+            new = torch.cat(xi) * c0 if len(xi) > 1 else xi[0] * c0
+            new.addcmul_(piece.read(self.previous, self.dtype), c1)
+            new.addcmul_(piece.read(grads, self.dtype), c2)
+            return piece.split(new)
+        torch._foreach_mul_(g, c2)  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_add_(g, torch._foreach_mul(previous, c1))  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_add_(g, torch._foreach_mul(xi, c0))  # pyright: ignore[reportPrivateImportUsage]
+        return g
 
     def keep_best(self, keep: bool) -> None:
         """``best ← ξ_k`` if ``keep``: the best point *is* ``ξ_k`` from now, and a best point of

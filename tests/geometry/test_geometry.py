@@ -772,3 +772,70 @@ def test_tensors_together_are_one_allocation_per_dtype(shapes, kinds, copy):
     for i, t in enumerate(out):
         t.fill_(i + 1)
         assert all(bool((u == j + 1).all()) for j, u in enumerate(out[: i + 1]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 12), min_size=1, max_size=4),
+    masked=st.lists(st.booleans(), min_size=4, max_size=4),
+    transposed=st.lists(st.booleans(), min_size=4, max_size=4),
+    filtered=st.booleans(),
+    same_dtype=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_pieces_write_values_given_whole_or_by_segment(
+    sizes, masked, transposed, filtered, same_dtype, seed
+):
+    """``Piece.write_`` and ``Piece.write_sum_`` write the same entries whether the values come
+    as one vector or as one tensor per segment, and agree with an entry-by-entry reference
+    (``tensors ← base + values`` at the segments' entries of the named parameters, cast to the
+    parameters' dtype), on plain views, masked segments, non-contiguous parameters and mixed
+    dtypes."""
+    from quotientgeo.geometry.perturbation import Piece, Segment
+
+    gen = torch.Generator().manual_seed(seed)
+    dtype = torch.float64
+    tensors, base, segments = {}, {}, []
+    for i, n in enumerate(sizes):
+        name = f"p{i}"
+        kind = dtype if same_dtype or i % 2 == 0 else torch.float32
+        t = torch.randn(n, 3, generator=gen, dtype=kind)
+        tensors[name] = t.t() if transposed[i] else t  # (non-contiguous where transposed)
+        base[name] = torch.randn(3 * n, generator=gen, dtype=kind).view(tensors[name].shape)
+        start = int(torch.randint(0, n, (), generator=gen))
+        stop = int(torch.randint(start + 1, 3 * n + 1, (), generator=gen))
+        mask = None
+        if masked[i]:
+            mask = torch.rand(stop - start, generator=gen) < 0.6
+            mask[0] = True
+        segments.append(Segment(name, start, stop, mask))
+    piece = Piece(tuple(segments))
+    names = {s.name for s in segments[::2]} if filtered else None
+    parts = [torch.randn(s.size, generator=gen, dtype=dtype) for s in segments]
+
+    def expected(sum_: bool) -> dict[str, torch.Tensor]:
+        out = {n: t.clone() for n, t in tensors.items()}
+        for seg, v in zip(segments, parts, strict=True):
+            if names is not None and seg.name not in names:
+                continue
+            flat = out[seg.name].reshape(-1).clone()
+            index = torch.arange(seg.start, seg.stop)
+            if seg.mask is not None:
+                index = index[seg.mask]
+            value = v + base[seg.name].reshape(-1)[index].to(dtype) if sum_ else v
+            flat[index] = value.to(flat.dtype)
+            out[seg.name].copy_(flat.view(out[seg.name].shape))
+        return out
+
+    for sum_ in (False, True):
+        want = expected(sum_)
+        for values in (torch.cat(parts), parts):
+            got = {n: t.clone() for n, t in tensors.items()}
+            if sum_:
+                piece.write_sum_(got, base, values, names)
+            else:
+                piece.write_(got, values, names)
+            for n in tensors:
+                assert torch.equal(got[n], want[n]), (n, sum_, type(values))
+    with pytest.raises(ValueError, match="segments"):
+        piece.write_(tensors, parts[:-1] + parts[-1:] * 2)
