@@ -423,19 +423,22 @@ class Piece:
     ) -> None:
         """``tensors ← base + values`` at the piece's entries (of the parameters ``names``
         only, where given), in place; ``values``: the piece's entries, as one vector or segment
-        by segment (:meth:`parts`). Where every tensor is a plain view in ``values``' dtype,
-        ``base`` is copied in and ``values`` added in two ``_foreach`` operators (one ``add``
-        with ``out`` for one segment), else the sum is written by :meth:`write_`."""
+        by segment (:meth:`parts`). Only the segments written are read: where every tensor is a
+        plain view in ``values``' dtype, ``base`` is copied in and ``values`` added in two
+        ``_foreach`` operators (one ``add`` with ``out`` for one segment), else the sum is
+        written by :meth:`write_`."""
         parts = self.parts(values)
+        if names is not None and any(name not in names for name in self.names):
+            kept = [i for i, seg in enumerate(self.segments) if seg.name in names]
+            if kept:
+                part = Piece(tuple(self.segments[i] for i in kept))
+                part.write_sum_(tensors, base, [parts[i] for i in kept])
+            return
         dtype = parts[0].dtype
         targets, sources = self.views(tensors, dtype), self.views(base, dtype)
-        if (
-            targets is None
-            or sources is None
-            or (names is not None and any(name not in names for name in self.names))
-        ):
+        if targets is None or sources is None:
             sums = torch._foreach_add(self.entries(base, dtype), parts)  # pyright: ignore[reportPrivateImportUsage]
-            self.write_(tensors, sums, names)
+            self.write_(tensors, sums)
             return
         if len(targets) == 1:
             torch.add(sources[0], parts[0], out=targets[0])

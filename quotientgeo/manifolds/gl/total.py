@@ -99,9 +99,12 @@ class GLTotalSpace(TotalSpace):
 
     # ------------------------------------------------------------------ layout
     def split(self, x: Tensor | AtPoint) -> tuple[Tensor, Tensor]:
-        """``x = [G; H] ↦ (G, H)`` (``x`` a tensor or an :class:`AtPoint`)."""
+        """``x = [G; H] ↦ (G, H)`` (``x`` a tensor or an :class:`AtPoint`): views, whose
+        backward pass is one concatenation (slicing's writes two zero-filled copies and adds
+        them)."""
         x = x.x if isinstance(x, AtPoint) else x
-        return x[..., : self.n, :], x[..., self.n :, :]
+        G, H = x.split((self.n, x.shape[-2] - self.n), dim=-2)
+        return G, H
 
     def join(self, G: Tensor, H: Tensor) -> Tensor:
         """``(G, H) ↦ [G; H]``."""
