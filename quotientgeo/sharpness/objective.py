@@ -451,7 +451,11 @@ class Objective:
         self._move_blocks_(self.current)
 
     def _combination(
-        self, piece: Piece, c: tuple[Tensor, Tensor, Tensor], xi: list[Tensor], grads
+        self,
+        piece: Piece,
+        c: tuple[Tensor, Tensor, Tensor],
+        xi: list[Tensor],
+        grads: Mapping[str, Tensor],
     ) -> list[Tensor]:
         """``c₀ ξ_k + c₁ ξ_{k-1} + c₂ g`` at the piece's entries, segment by segment (``xi``:
         :meth:`_xi_entries`). Where the gradients are plain views in the compute dtype it is
