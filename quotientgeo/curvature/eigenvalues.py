@@ -76,8 +76,9 @@ def hessian_eigenvalues(
             (``scipy.sparse.linalg.lobpcg``, ``k`` vectors per product) or ``"exact"`` (the
             dense ``D × D`` matrix: small models), or ``"lanczos_lean"``: the Lanczos
             three-term recurrence ``β_j v_{j+1} = A v_j - α_j v_j - β_{j-1} v_{j-1}`` in torch
-            on the operator's device and dtype, not re-orthogonalised, with at most three
-            vectors of size ``D`` alive (``v_{j-1}``, ``v_j``, ``A v_j``) where ARPACK keeps
+            on the operator's device and dtype, not re-orthogonalised, with two vectors of
+            size ``D`` alive (``v_j`` and ``v_{j-1}``, in which the finite-difference product
+            forms ``A v_j - β_{j-1} v_{j-1}``; three for double backward) where ARPACK keeps
             ``max(2k + 1, 20)``; the tridiagonal ``T_j`` on the host. It stops when the
             extreme Ritz value ``θ`` (``T_j y = θ y``) has ``|β_j y_j| ≤ tol · |θ|``, the
             residual of its Ritz vector (an eigenvalue lies within it; the result's

@@ -24,6 +24,14 @@ the operator keeps) is written back after every product, bit-exactly (the coordi
 parameters' values in a dtype at least as wide), also on an exception; modes, buffers and
 ``.grad`` are restored as by the sharpness measures.
 
+The base point keeps the adaptive rest in the parameters' own dtype where they share one that
+is narrower than the coordinates' (bfloat16 parameters, float32 arithmetic): it holds their
+values exactly, in half the bytes. Where the caller gives the rest's output (``into``, views of
+a buffer of the coordinates' dtype), the rest's difference is not gathered into a new vector:
+it is added into ``into`` straight from the ``.grad`` tensors, as ``T`` of the rest's part
+applied to it, in buckets of at most :data:`STREAM_BYTES` whose gradients are freed as they are
+read; only the symmetry blocks' difference is gathered in coordinates.
+
 On a model sharded with FSDP2 every rank holds the whole coordinates: the gradient's local
 parts are all-gathered into them and each rank writes its local part of the displaced
 parameters (:mod:`quotientgeo.geometry.shards`); every rank must pass the same batches.
@@ -39,7 +47,7 @@ import torch
 
 from ..geometry import ParameterGeometry
 from ..geometry import shards as sh
-from ..geometry.transfer import block_views
+from ..geometry.transfer import block_views, gather, gather_blocks
 from ..sharpness.state import model_state_preserved
 
 Tensor = torch.Tensor
@@ -47,6 +55,10 @@ Tensor = torch.Tensor
 __all__ = ["InPlaceLoss"]
 
 RESTORED = "the model is restored"
+
+#: The largest scratch buffer, in bytes, of streaming the rest's difference into the output
+#: (:meth:`InPlaceLoss.difference`); a parameter larger than this is streamed whole.
+STREAM_BYTES = 2**28
 
 #: ``(points, w)``: coordinates.
 Coordinates = tuple[list[Tensor], Tensor]
@@ -74,6 +86,13 @@ class InPlaceLoss:
         #: Batch passes run so far (a forward and a backward pass each).
         self.passes = 0
         self._views: tuple[list[Tensor], list[Tensor]] | None = None  # set by base()
+        #: Whether :meth:`difference` can stream the rest's difference into an output (no
+        #: partly covered or sharded parameters).
+        self.streams = not geometry.plan.partial and not sh.sharded_parameters(self.params)
+        sizes = list(geometry.plan.adaptive_sizes)
+        #: ``(first, last + 1)`` of the wholly adaptive parameters streamed together.
+        self._buckets = _buckets(sizes, STREAM_BYTES // self.dtype.itemsize)
+        self._scratch = max((sum(sizes[lo:hi]) for lo, hi in self._buckets), default=0)
 
     # ------------------------------------------------------------------ parameters
     def _write(self, w: Tensor, rest: tuple[Any, Tensor, Tensor] | None = None, xi=None) -> None:
@@ -131,7 +150,7 @@ class InPlaceLoss:
                 if out:
                     part.displaced_into_(out, xs, vs, s)
             for name, x, v in zip(plan.partial, ws[wholly:], zs[wholly:], strict=True):
-                value = x if rest is None else rest[0].displaced(x, v, rest[2])
+                value = x if rest is None else rest[0].displaced(x.to(self.dtype), v, rest[2])
                 p = params[name]
                 whole = sh.full(sh.local(p), p).clone()
                 mask = plan.partial[name].to(whole.device)
@@ -141,9 +160,10 @@ class InPlaceLoss:
                 )
                 sh.local(p).copy_(sh.local_part(whole, p))
 
-    def _gathered_grads(self) -> Coordinates:
+    def _gathered_grads(self, rest: bool = True) -> tuple[list[Tensor], Tensor | None]:
         """The parameters' ``.grad`` in coordinates (zeros where the loss does not depend on a
-        parameter; the whole tensors of sharded ones)."""
+        parameter; the whole tensors of sharded ones); with ``rest=False`` the symmetry
+        blocks' points only (``None`` for ``w``)."""
         grads = {}
         for name, p in zip(self.names, self.params, strict=True):
             g = p.grad
@@ -151,7 +171,37 @@ class InPlaceLoss:
                 grads[name] = torch.zeros(p.shape, dtype=p.dtype, device=sh.local(p).device)
             else:
                 grads[name] = sh.full(sh.local(g), p)
+        if not rest:
+            plan = self.geometry.plan
+            return [
+                gather_blocks(plan, i, range(len(kind.blocks)), grads, self.dtype)
+                for i, kind in enumerate(plan.kinds)
+            ], None
         return self.geometry.gather(grads, dtype=self.dtype)
+
+    def _stream_rest(
+        self, w: Tensor, into: list[Tensor], part: Any, scale: Tensor, beta: float
+    ) -> None:
+        """``into[i] ← β · into[i] + scale · T(.grad_i)`` over the wholly adaptive parameters
+        (``T`` of the rest's ``part``, element-wise at the base point ``w``), bucket by bucket,
+        each bucket's ``.grad`` freed once read (a parameter without one: ``T(0) = 0``)."""
+        plan, params = self.geometry.plan, self.geometry.params
+        adaptive = [params[n] for n in plan.adaptive_names]
+        sizes = list(plan.adaptive_sizes)
+        xs = [x.view(p.shape) for x, p in zip(w.split(sizes), adaptive, strict=False)]
+        scratch = w.new_empty(self._scratch if beta else 0, dtype=self.dtype)
+        for lo, hi in self._buckets:
+            kept = [i for i in range(lo, hi) if adaptive[i].grad is not None]
+            if kept:
+                grads = [adaptive[i].grad for i in kept]
+                outs = [into[i] for i in kept]
+                part.addmv_(outs, [xs[i] for i in kept], grads, scale, beta, scratch)
+            for i in range(lo, hi):
+                if adaptive[i].grad is None and beta == 0:  # T(0), into not read
+                    into[i].zero_()
+                elif adaptive[i].grad is None:
+                    into[i].mul_(beta)
+                adaptive[i].grad = None
 
     def _passes(self, advance: Callable[[], object], check: bool) -> float:
         """``loss_fn(model, S).backward()`` over the batches (gradients accumulate in
@@ -181,9 +231,11 @@ class InPlaceLoss:
 
     def base(self) -> Coordinates:
         """The coordinates of the parameters as they are (whole, also where sharded): the
-        base point, new tensors."""
+        base point, new tensors; the adaptive rest ``w`` in the parameters' dtype where they
+        share one narrower than the coordinates' (:attr:`rest_dtype`)."""
         whole = {n: sh.full(sh.local(p), p) for n, p in zip(self.names, self.params, strict=True)}
-        points, w = self.geometry.gather(whole, dtype=self.dtype)
+        plan = self.geometry.plan
+        points, w = gather(plan, whole, self.dtype, self.geometry.device, self.rest_dtype)
         # the blocks' regions as views of the parameters and of ``points`` (``None``: the
         # parameters written whole, from a copy in their layout)
         if not sh.sharded_parameters(self.params):
@@ -199,6 +251,19 @@ class InPlaceLoss:
         ]
         del symmetric
         return points, w
+
+    @property
+    def rest_dtype(self) -> torch.dtype:
+        """The dtype the base point keeps the adaptive rest in: the parameters' own where they
+        share one narrower than the coordinates' (it holds their values exactly), else the
+        coordinates'."""
+        plan, params = self.geometry.plan, self.geometry.params
+        dtypes = {params[n].dtype for n in (*plan.adaptive_names, *plan.partial)}
+        if len(dtypes) == 1:
+            (dtype,) = dtypes
+            if dtype.is_floating_point and dtype.itemsize < self.dtype.itemsize:
+                return dtype
+        return self.dtype
 
     @property
     def _tensors(self) -> dict[str, Tensor]:
@@ -222,14 +287,17 @@ class InPlaceLoss:
         return {n: sh.local_part(v, params[n]) for n, v in values.items()}
 
     # ------------------------------------------------------------------ gradients
-    def gradient(self, advance: Callable[[], object] = lambda: None) -> tuple[float, Coordinates]:
-        """``(f, ∇f)`` at the parameters as they are (the base point), ``∇f`` in coordinates."""
+    def gradient(
+        self, advance: Callable[[], object] = lambda: None, rest: bool = True
+    ) -> tuple[float, tuple[list[Tensor], Tensor | None]]:
+        """``(f, ∇f)`` at the parameters as they are (the base point), ``∇f`` in coordinates;
+        with ``rest=False`` the symmetry blocks' part only (``None`` for the rest's)."""
         n = len(self.batches)
         with model_state_preserved(self.model), torch.enable_grad():
             value = self._passes(advance, check=True)
-            points, w = self._gathered_grads()
+            points, w = self._gathered_grads(rest)
         if n > 1:
-            torch._foreach_div_([*points, w], float(n))  # pyright: ignore[reportPrivateImportUsage]
+            torch._foreach_div_([*points, *([] if w is None else [w])], float(n))  # pyright: ignore[reportPrivateImportUsage]
         return value / n, (points, w)
 
     def difference(
@@ -239,14 +307,26 @@ class InPlaceLoss:
         rest: tuple[Any, Tensor],
         t: Tensor,
         advance: Callable[[], object] = lambda: None,
-    ) -> Coordinates:
+        into: list[Tensor] | None = None,
+        beta: float = 0.0,
+    ) -> tuple[list[Tensor], Tensor | None]:
         """``(∇f(x + tξ) - ∇f(x - tξ)) / (2t)`` in coordinates, at the base point of
         :meth:`base` (``w`` its adaptive vector): ``xi`` the symmetry blocks' points of ``ξ``,
         ``rest = (part, z)`` the adaptive rest's part and whitened vector (``ξ_w = T z``,
         formed in the parameters, :meth:`_write`); ``t`` a scalar tensor, never read on the
         host. ``xi`` is emptied once the displaced weights are written (a caller that holds no
         other reference to the blocks' ``ξ`` has them freed before the second backward pass).
-        The base point is written back at the end."""
+        The base point is written back at the end.
+
+        With ``into`` (where :attr:`streams`: one tensor per wholly adaptive parameter, of its
+        shape, in the coordinates' dtype) the rest's difference ``d`` is not returned (``None``
+        for ``w``) but written as ``into ← β · into + T d`` (``T`` of ``rest``'s part at the
+        base point; ``β = 0`` never reads ``into``), read from the ``.grad`` tensors bucket by
+        bucket (module docstring)."""
+        if into is not None and not self.streams:
+            raise ValueError("into: the model has partly covered or sharded parameters")
+        # ∇f(x + tξ) - ∇f(x - tξ) summed over the batches, to their mean's difference
+        scale = 0.5 / (t * len(self.batches))
         with torch.no_grad():
             xi_params = self._block_xi(xi)
         xi.clear()
@@ -263,12 +343,13 @@ class InPlaceLoss:
                         for p in self.params:
                             p.grad = None
                 _subtract_grads(self.params, plus)
-                hv_points, hv_w = self._gathered_grads()
+                hv_points, hv_w = self._gathered_grads(rest=into is None)
+                if into is not None:
+                    with torch.no_grad():
+                        self._stream_rest(w, into, rest[0], scale, beta)
             finally:
                 self._write(w)
-        # ∇f(x + tξ) - ∇f(x - tξ) summed over the batches, to their mean's difference
-        scale = 0.5 / (t * len(self.batches))
-        torch._foreach_mul_([*hv_points, hv_w], scale)  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_mul_([*hv_points, *([] if hv_w is None else [hv_w])], scale)  # pyright: ignore[reportPrivateImportUsage]
         return hv_points, hv_w
 
 
@@ -297,3 +378,18 @@ def _note(err: BaseException, message: str) -> None:
     add_note = getattr(err, "add_note", None)  # Python 3.11+
     if add_note is not None:
         add_note(message)
+
+
+def _buckets(sizes: Sequence[int], largest: int) -> list[tuple[int, int]]:
+    """``(first, last + 1)`` runs of consecutive ``sizes`` whose sum stays within ``largest``
+    (a size above it alone in its run)."""
+    runs: list[tuple[int, int]] = []
+    start, total = 0, 0
+    for i, n in enumerate(sizes):
+        if i > start and total + n > largest:
+            runs.append((start, i))
+            start, total = i, 0
+        total += n
+    if start < len(sizes):
+        runs.append((start, len(sizes)))
+    return runs

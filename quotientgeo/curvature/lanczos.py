@@ -19,9 +19,11 @@ orthogonality once a Ritz value converges, and the converged value reappears in 
 duplicate ("ghost") copies; the extreme Ritz value still converges to the extreme eigenvalue
 and its residual bound stays valid up to ``O(ε ‖A‖)`` (Paige 1976; Parlett, *The Symmetric
 Eigenvalue Problem*, ch. 13). The inner eigenvalues, among which the ghosts sit, are not
-reliable: this solver gives one eigenvalue. Its memory is the operator's product and three
-vectors at most (``v_{j-1}``, ``v_j`` and the product ``A v_j``; two outside the product's
-return), against ARPACK's ``max(2k + 1, 20)``.
+reliable: this solver gives one eigenvalue. Its memory is the operator's product and two
+vectors (``v_j`` and ``v_{j-1}``, into which ``A v_j - β_{j-1} v_{j-1}`` is formed by the
+operator's ``addmv_``: the finite-difference
+:class:`~quotientgeo.curvature.RiemannianHessian` forms it there without a third vector),
+against ARPACK's ``max(2k + 1, 20)``.
 """
 
 from __future__ import annotations
@@ -84,10 +86,12 @@ def lanczos_extreme(
     tiny = math.sqrt(torch.finfo(dtype).eps)
     theta, bound, converged = math.nan, math.inf, False
     for _ in range(max_iter):
-        w = op @ v
-        if previous is not None:
-            w.sub_(previous, alpha=betas[-1])
-            previous = None  # dropped before the next vector is formed
+        # A v_j - β_{j-1} v_{j-1} formed in v_{j-1}'s storage, where the operator can
+        if previous is None:
+            w = op.addmv_(torch.empty_like(v), v, beta=0.0)
+        else:
+            w = op.addmv_(previous, v, beta=-betas[-1])
+            previous = None  # now w's storage
         alpha = torch.dot(w, v)
         w.addcmul_(v, alpha, value=-1)
         beta = torch.linalg.vector_norm(w)

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import torch
@@ -60,6 +60,9 @@ from .parts import FlatPart, FrozenPart, Part, QuotientPart
 Tensor = torch.Tensor
 
 __all__ = ["BlockOperator", "RiemannianHessian"]
+
+#: A part of a vector in coordinates, or ``None`` where it was streamed into an output.
+_Part = TypeVar("_Part", Tensor, Tensor | None)
 
 GEOMETRIES = ("riemannian", "euclidean")
 PRODUCTS = ("double_backward", "finite_difference")
@@ -87,6 +90,31 @@ class _SymmetricOperator:
         Z = v.to(dtype=self.dtype, device=self.device)
         out = self._matmat(Z[:, None] if v.dim() == 1 else Z)
         return out[:, 0] if v.dim() == 1 else out
+
+    def addmv_(self, out: Tensor, z: Tensor, *, beta: float) -> Tensor:
+        """``out ← β · out + A z`` in place (``torch.addmv``'s ``beta``) for vectors ``out``
+        and ``z`` of shape ``(D,)``, ``out`` in the operator's dtype and on its device and not
+        sharing memory with ``z``; returns ``out``. What a recurrence such as Lanczos'
+        (``A v_j - β_{j-1} v_{j-1}``) needs without a third vector, where the product forms
+        ``A z`` in ``out`` itself (the finite-difference :class:`RiemannianHessian`); here
+        ``A z`` is formed apart and added. ``β = 0`` overwrites ``out``, whatever it holds."""
+        self._check_out(out, z)
+        product = self @ z
+        return out.copy_(product) if beta == 0 else out.mul_(beta).add_(product)
+
+    def _check_out(self, out: Tensor, z: Tensor) -> None:
+        n = self.shape[0]
+        for name, v in (("out", out), ("z", z)):
+            if not isinstance(v, Tensor) or v.shape != (n,):
+                got = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
+                raise ValueError(f"{name} must be a tensor of shape ({n},), got {got}")
+        if out.dtype != self.dtype or out.device != self.device or not out.is_contiguous():
+            raise ValueError(
+                f"out must be a contiguous {self.dtype} tensor on {self.device}, got a "
+                f"{out.dtype} tensor on {out.device}"
+            )
+        if out.untyped_storage().data_ptr() == z.untyped_storage().data_ptr():
+            raise ValueError("out and z share memory: A z is formed while z is read")
 
     def to_scipy(self):
         """This operator as a ``scipy.sparse.linalg.LinearOperator`` on NumPy arrays (of the
@@ -222,10 +250,9 @@ class RiemannianHessian(_SymmetricOperator):
         if product == "finite_difference":
             self._loss = InPlaceLoss(self.geometry, loss_fn, self.batches)
             points, w = self._loss.base()
-            self.loss, (gradient, rest) = self._loss.gradient()
-            # ∇f of the adaptive rest is not kept (its size is that of w): the parts need only
-            # the symmetry blocks' (the connection term); ``gradient`` takes it again
-            del rest
+            # ∇f of the adaptive rest is not gathered (its size is that of w): the parts need
+            # only the symmetry blocks' (the connection term); ``gradient`` takes it again
+            self.loss, (gradient, _) = self._loss.gradient(rest=False)
             self._gradient: list[Tensor] | None = None
         else:
             points, w = self.geometry.gather()
@@ -245,22 +272,24 @@ class RiemannianHessian(_SymmetricOperator):
             self.parts = [
                 QuotientPart(x, m, g) for x, m, g in zip(points, manifolds, gradient, strict=True)
             ]
-            self.parts.append(FrozenPart(w, rest_manifold))
+            self.parts.append(FrozenPart(w, rest_manifold, self.geometry.compute_dtype))
         self._rest_sizes = list(self.geometry.plan.adaptive_sizes)
+        #: The coordinates' dtype: the base point may keep the adaptive rest narrower
+        #: (:attr:`~quotientgeo.curvature.inplace.InPlaceLoss.rest_dtype`).
+        self.dtype = self.geometry.compute_dtype
         #: The dtypes whose rounding the finite difference meets (default step).
-        self._dtypes = {w.dtype, *(p.dtype for p in self.geometry.params.values())}
+        self._dtypes = {self.dtype, *(p.dtype for p in self.geometry.params.values())}
         self._sizes = [t.numel() for t in (*points, w)]
         self._shapes = [t.shape for t in (*points, w)]
         n = sum(self._sizes)
         self.shape = (n, n)
-        self.dtype = w.dtype
         self.device = w.device
         self.products = 0
         #: ``step · s_p`` of the finite difference (:func:`_part_scales`), on the device.
         self._step_scales = torch.zeros(0, dtype=w.dtype, device=w.device)
         if product == "finite_difference":
             step = self._step if self._step is not None else default_step(*self._dtypes)
-            self._step_scales = _part_scales(self._pieces([*points, w])).mul_(step)
+            self._step_scales = _part_scales(self._pieces([*points, w]), self.dtype).mul_(step)
 
     # ------------------------------------------------------------------ coordinates
     @functools.cached_property
@@ -289,6 +318,7 @@ class RiemannianHessian(_SymmetricOperator):
         if self._gradient is None:
             assert isinstance(self._loss, InPlaceLoss)  # the one that keeps only the blocks' part
             _, (points, w) = self._loss.gradient(advance=self._advance)
+            assert w is not None  # the rest's part, asked for
             return self._join([*points, w])
         return self._join(self._gradient)
 
@@ -332,14 +362,31 @@ class RiemannianHessian(_SymmetricOperator):
         return BlockOperator(self, group)
 
     # ------------------------------------------------------------------ products
-    def _difference(self, z: list[Tensor], xi: list[Tensor | None]) -> list[Tensor]:
+    @overload
+    def _difference(
+        self, z: list[Tensor], xi: list[Tensor | None], into: None = None, beta: float = 0.0
+    ) -> list[Tensor]: ...
+    @overload
+    def _difference(
+        self, z: list[Tensor], xi: list[Tensor | None], into: list[Tensor] | None, beta: float
+    ) -> list[Tensor | None]: ...
+    def _difference(
+        self,
+        z: list[Tensor],
+        xi: list[Tensor | None],
+        into: list[Tensor] | None = None,
+        beta: float = 0.0,
+    ) -> list[Tensor] | list[Tensor | None]:
         """``(∇f(x + tξ) - ∇f(x - tξ)) / (2t) = ∇²f ξ + O(t²)`` (central difference) for the
         tangent vector ``ξ`` of whitened ``z``; ``xi`` holds its parts that are formed (the
         symmetry blocks'), ``None`` where a part forms ``x ± tξ`` from ``z`` itself (the
         element-wise ones, so that no vector of the adaptive rest's size is held). ``xi`` is
         emptied: a caller that holds no other reference lets the passes free the blocks' ``ξ``
         once the displaced weights are written. The step stays on the device:
-        ``t = min_p (step · s_p / ‖ξ_p‖_∞)`` (:func:`_part_scales`; ``ξ = 0`` gives ``0``)."""
+        ``t = min_p (step · s_p / ‖ξ_p‖_∞)`` (:func:`_part_scales`; ``ξ = 0`` gives ``0``).
+        With ``into`` (views of an output, per adaptive parameter) the rest's ``T``-image of
+        the difference ``d`` is written there as ``into ← β · into + T d``, and its entry in
+        the result is ``None``."""
         # ξ's parts held only for the step (the rest's, formed here, freed before the passes)
         t = _step_of(
             self._pieces(
@@ -360,7 +407,7 @@ class RiemannianHessian(_SymmetricOperator):
             for p, zp, v in zip(self.parts[:-1], z, xi, strict=False)
         ]
         xi.clear()  # given up by the caller: the passes empty points_xi once written
-        points, w = self._loss.difference(self._w, points_xi, rest, t, self._advance)
+        points, w = self._loss.difference(self._w, points_xi, rest, t, self._advance, into, beta)
         return [*points, w]
 
     def _pieces(self, parts: list[Tensor]) -> list[Tensor]:
@@ -375,13 +422,15 @@ class RiemannianHessian(_SymmetricOperator):
         hv = self._loss.hvp(self._points, self._w, xis, advance=self._advance)
         return [self._connected(h, xi) for h, xi in zip(hv, xis, strict=True)]
 
-    def _connected(self, hv: list[Tensor], xi: Sequence[Tensor | None]) -> list[Tensor]:
+    def _connected(self, hv: Sequence[_Part], xi: Sequence[Tensor | None]) -> list[_Part]:
         """``∇²f ξ - c(ξ)`` from ``hv = ∇²f ξ`` (``c`` subtracted in place where it is not
-        zero)."""
-        out = []
+        zero; ``None`` parts of ``hv``, streamed elsewhere, stay ``None``)."""
+        out: list[_Part] = []
         for part, hp, xp in zip(self.parts, hv, xi, strict=True):
             c = None if xp is None else part.connection(xp)
-            out.append(hp if c is None else hp.sub_(c))
+            if c is not None and hp is not None:
+                hp.sub_(c)
+            out.append(hp)
         return out
 
     def apply(self, xi: Tensor) -> Tensor:
@@ -419,18 +468,49 @@ class RiemannianHessian(_SymmetricOperator):
         self.products += len(columns)
         return torch.stack(out, dim=1) if out else Z.clone()
 
-    def _finite_difference_column(self, z: Tensor) -> Tensor:
-        """``A z`` by the central difference (:meth:`_difference`): the symmetry blocks'
-        tangent ``P^h T z`` formed twice, without a graph for the displaced weights (freed
-        before the second backward pass, the peak) and with its graph after the passes (its
-        adjoint is its vector-Jacobian product; the values are the same), the element-wise
-        parts' ``T`` applied where needed, each into the tensor it fills."""
+    def addmv_(self, out: Tensor, z: Tensor, *, beta: float) -> Tensor:
+        """``out ← β · out + A z`` in place (``torch.addmv``'s ``beta``), returns ``out``.
+        The finite-difference product forms ``A z`` in ``out`` itself: the rest's part
+        straight from the gradients (:meth:`_finite_difference_column`), so that a Lanczos
+        step ``A v_j - β_{j-1} v_{j-1}`` holds two vectors of the operator's size, not
+        three."""
+        if self.product != "finite_difference":
+            return super().addmv_(out, z, beta=beta)
+        self._check_out(out, z)
+        self._finite_difference_column(z.to(dtype=self.dtype, device=self.device), out, beta)
+        self.products += 1
+        return out
+
+    def _finite_difference_column(
+        self, z: Tensor, out: Tensor | None = None, beta: float = 0.0
+    ) -> Tensor:
+        """``A z`` by the central difference (:meth:`_difference`), a new vector formed after
+        the passes; or ``out ← β · out + A z`` into a given ``out`` (``β = 0`` overwrites it,
+        whatever it holds). The symmetry blocks' tangent ``P^h T z`` is formed twice, without
+        a graph for the displaced weights (freed before the second backward pass, the peak)
+        and with its graph after the passes (its adjoint is its vector-Jacobian product; the
+        values are the same), the element-wise parts' ``T`` applied where needed. Into a given
+        ``out``, where the model's parameters allow
+        (:attr:`~quotientgeo.curvature.inplace.InPlaceLoss.streams`), the rest's part goes
+        into ``out`` from the gradients themselves, with no vector of its size besides; a new
+        vector is not held through the passes (the rest's difference is gathered first)."""
         zs = self._split(z)
+        outs = None if out is None else self._split(out)
         with torch.no_grad():
             formed = [
                 None if p.symmetric else p.tangent(t) for p, t in zip(self.parts, zs, strict=True)
             ]
-        hv = self._difference(zs, formed)  # empties formed
+        into = None
+        assert isinstance(self._loss, InPlaceLoss)
+        if outs is not None and self._loss.streams:
+            params = self.geometry.params
+            into = [
+                v.view(params[n].shape)
+                for v, n in zip(
+                    outs[-1].split(self._rest_sizes), self.geometry.plan.adaptive_names, strict=True
+                )
+            ]
+        hv = self._difference(zs, formed, into, beta)  # empties formed
         leaves: list[Tensor] = []
         xis: list[Tensor | None] = []
         with torch.enable_grad():
@@ -439,15 +519,21 @@ class RiemannianHessian(_SymmetricOperator):
                 leaves.append(leaf)
                 xis.append(None if part.symmetric else part.tangent(leaf))
         covector = self._connected(hv, [None if v is None else v.detach() for v in xis])
-        out = torch.empty_like(z)
-        for part, leaf, xi, c, o in zip(
-            self.parts, leaves, xis, covector, self._split(out), strict=True
-        ):
-            if xi is None:
+        if out is None:
+            out = torch.empty_like(z)
+            outs = self._split(out)
+        assert outs is not None
+        for part, leaf, xi, c, o in zip(self.parts, leaves, xis, covector, outs, strict=True):
+            if c is None:  # streamed into out
+                continue
+            if xi is None and beta == 0:
                 part.tangent_into(c, o)
+                continue
+            image = part.tangent(c) if xi is None else torch.autograd.grad(xi, leaf, c)[0]
+            if beta == 0:
+                o.copy_(image)
             else:
-                (back,) = torch.autograd.grad(xi, leaf, c)
-                o.copy_(back)
+                o.mul_(beta).add_(image)
         return out
 
     def __repr__(self) -> str:
@@ -472,15 +558,15 @@ def default_step(*dtypes: torch.dtype) -> float:
     return eps ** (1 / 3) / 8
 
 
-def _part_scales(pieces: list[Tensor]) -> Tensor:
+def _part_scales(pieces: list[Tensor], dtype: torch.dtype) -> Tensor:
     """The finite difference's scales ``s_p = max(‖x_p‖_∞, rms(x))`` of the pieces ``x_p``
     of the base point (each kind of symmetry blocks, each parameter of the adaptive rest), with
     ``rms(x)`` the root mean square of all their entries (the floor of a piece at zero, a bias
-    at initialisation); on the device, never read on the host."""
+    at initialisation), in ``dtype``; on the device, never read on the host."""
     if not pieces:
-        return torch.zeros(0)
-    largest = torch.stack(torch._foreach_norm(pieces, ord=float("inf")))  # pyright: ignore[reportPrivateImportUsage]
-    squares = torch.stack(torch._foreach_norm(pieces)).square().sum()  # pyright: ignore[reportPrivateImportUsage]
+        return torch.zeros(0, dtype=dtype)
+    largest = torch.stack(torch._foreach_norm(pieces, ord=float("inf"), dtype=dtype))  # pyright: ignore[reportPrivateImportUsage]
+    squares = torch.stack(torch._foreach_norm(pieces, dtype=dtype)).square().sum()  # pyright: ignore[reportPrivateImportUsage]
     rms = (squares / sum(t.numel() for t in pieces)).sqrt()
     return torch.maximum(largest, rms)
 

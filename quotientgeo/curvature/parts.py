@@ -59,6 +59,25 @@ class Part:
         torch._foreach_mul_(out, s)  # pyright: ignore[reportPrivateImportUsage]
         torch._foreach_add_(out, x)  # pyright: ignore[reportPrivateImportUsage]
 
+    def addmv_(
+        self,
+        out: list[Tensor],
+        x: list[Tensor],
+        c: list[Tensor],
+        s: Tensor,
+        beta: float,
+        scratch: Tensor,
+    ) -> None:
+        """``out[i] ← β · out[i] + s · tangent(c[i])`` in place, for an element-wise
+        ``tangent`` (``x[i]`` the matching slices of the point, ``c[i]`` of any floating dtype,
+        widened to ``out``'s before it is scaled). ``β = 0`` forms the image in ``out`` itself
+        (its values never read); otherwise in ``scratch``, a flat buffer of ``out``'s dtype
+        with at least ``Σ numel`` entries."""
+        tmp = out if beta == 0 else _views(scratch, out)
+        torch._foreach_copy_(tmp, c)  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_mul_(tmp, s)  # pyright: ignore[reportPrivateImportUsage]
+        _combine_(out, tmp, beta)
+
     def project(self, xi: Tensor) -> Tensor:
         """The horizontal part of ``ξ`` (``P^h ξ``)."""
         return xi
@@ -87,19 +106,21 @@ class FlatPart(Part):
 class FrozenPart(Part):
     """The adaptive rest: metric ``diag(1/ŵ²)`` at the base point, straight lines.
 
-    ``ŵ = max(|w|, floor)`` is not kept (it is the size of ``w``): each method forms it anew.
-    :meth:`tangent_into` and :meth:`displaced` form ``T z = ŵ ⊙ z`` in the tensor they return,
-    with no other temporary (for :class:`~quotientgeo.AdaptiveGeometry` itself; a subclass
-    that redefines the scale goes through its methods)."""
+    ``ŵ = max(|w|, floor)`` is not kept (it is the size of ``w``): each method forms it anew,
+    in ``dtype`` (``w`` may be kept narrower, in the parameters' own dtype, where that holds
+    it exactly). :meth:`tangent_into` and :meth:`displaced` form ``T z = ŵ ⊙ z`` in the tensor
+    they return, with no other temporary (for :class:`~quotientgeo.AdaptiveGeometry` itself; a
+    subclass that redefines the scale goes through its methods)."""
 
-    def __init__(self, w: Tensor, manifold: AdaptiveGeometry):
+    def __init__(self, w: Tensor, manifold: AdaptiveGeometry, dtype: torch.dtype | None = None):
         self.manifold = manifold
         self.w = w
+        self.dtype = dtype or w.dtype
         self._fused = type(manifold).scale is AdaptiveGeometry.scale
 
     @property
     def point(self):
-        return self.manifold.at(self.w)
+        return self.manifold.at(self.w.to(self.dtype))
 
     def tangent(self, z: Tensor) -> Tensor:
         return self.manifold.isotropic(self.point, z)
@@ -107,7 +128,33 @@ class FrozenPart(Part):
     def tangent_into(self, z: Tensor, out: Tensor) -> Tensor:
         if not self._fused:
             return super().tangent_into(z, out)
-        return torch.abs(self.w, out=out).clamp_min_(self.manifold.floor).mul_(z)
+        if self.w.dtype == out.dtype:
+            torch.abs(self.w, out=out)
+        else:
+            out.copy_(self.w).abs_()
+        return out.clamp_min_(self.manifold.floor).mul_(z)
+
+    def addmv_(
+        self,
+        out: list[Tensor],
+        x: list[Tensor],
+        c: list[Tensor],
+        s: Tensor,
+        beta: float,
+        scratch: Tensor,
+    ) -> None:
+        if not self._fused:
+            at = self.manifold.at
+            scales = [self.manifold.scale(at(a.to(o.dtype))) for o, a in zip(out, x, strict=True)]
+            tmp = list(torch._foreach_mul(scales, c))  # pyright: ignore[reportPrivateImportUsage]
+        else:  # max(|x|, floor) ⊙ c · s, the scale formed in out's dtype
+            tmp = out if beta == 0 else _views(scratch, out)
+            torch._foreach_copy_(tmp, x)  # pyright: ignore[reportPrivateImportUsage]
+            torch._foreach_abs_(tmp)  # pyright: ignore[reportPrivateImportUsage]
+            torch._foreach_clamp_min_(tmp, self.manifold.floor)  # pyright: ignore[reportPrivateImportUsage]
+            torch._foreach_mul_(tmp, c)  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_mul_(tmp, s)  # pyright: ignore[reportPrivateImportUsage]
+        _combine_(out, tmp, beta)
 
     def displaced(self, x: Tensor, z: Tensor, s: Tensor) -> Tensor:
         if not self._fused:
@@ -181,3 +228,21 @@ class QuotientPart(Part):
             image = self.manifold.isotropic(self.point, e)
             (out,) = torch.autograd.grad(image, e, self.metric(xi))
         return out
+
+
+def _views(scratch: Tensor, like: list[Tensor]) -> list[Tensor]:
+    """Views of ``scratch``'s leading entries in the shapes of ``like``, one after another."""
+    sizes = [t.numel() for t in like]
+    pieces = scratch[: sum(sizes)].split(sizes)
+    return [p.view(t.shape) for p, t in zip(pieces, like, strict=True)]
+
+
+def _combine_(out: list[Tensor], image: list[Tensor], beta: float) -> None:
+    """``out ← β · out + image`` (``image`` is ``out`` itself where ``β = 0``)."""
+    if image is out:
+        return
+    if beta == 0:
+        torch._foreach_copy_(out, image)  # pyright: ignore[reportPrivateImportUsage]
+        return
+    torch._foreach_mul_(out, beta)  # pyright: ignore[reportPrivateImportUsage]
+    torch._foreach_add_(out, image)  # pyright: ignore[reportPrivateImportUsage]

@@ -43,13 +43,19 @@ def _segment_mask(plan: Plan, seg: Segment, device: torch.device) -> Tensor | No
 
 
 def gather(
-    plan: Plan, params: Mapping[str, Tensor], dtype: torch.dtype, device: torch.device
+    plan: Plan,
+    params: Mapping[str, Tensor],
+    dtype: torch.dtype,
+    device: torch.device,
+    rest_dtype: torch.dtype | None = None,
 ) -> tuple[list[Tensor], Tensor]:
-    """``(points, w)``: one ``(batch, *shape)`` tensor per kind and the flat adaptive vector."""
+    """``(points, w)``: one ``(batch, *shape)`` tensor per kind and the flat adaptive vector,
+    in ``dtype`` (``w`` in ``rest_dtype`` where given)."""
 
     def get(name: str) -> Tensor:
         value = params[name].detach()
-        return value if value.dtype == dtype else value.to(dtype)
+        wanted = rest_dtype or dtype
+        return value if value.dtype == wanted else value.to(wanted)
 
     points = [
         gather_blocks(plan, ki, range(len(kind.blocks)), params, dtype)
@@ -60,7 +66,7 @@ def gather(
         value = get(name)
         mask = _mask(plan, name, value.device)
         flat.append(plan.views[name].matrix(value)[mask])
-    w = torch.cat(flat) if flat else torch.zeros(0, dtype=dtype, device=device)
+    w = torch.cat(flat) if flat else torch.zeros(0, dtype=rest_dtype or dtype, device=device)
     return points, w
 
 
