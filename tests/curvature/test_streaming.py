@@ -98,24 +98,28 @@ def test_addmv_refuses_bad_output():
 
 
 def test_lanczos_holds_two_vectors_of_the_operator_size(monkeypatch):
-    """At the end of each product (the weights written back) the vectors alive that are as large
-    as the adaptive rest are ``v_j`` and ``v_{j-1}``, which holds ``A v_j - β v_{j-1}``: the
-    rest's part of the difference went into it from the gradients, no third vector."""
+    """At the end of each product (the weights written back) the vectors made since the
+    recurrence started that are as large as the adaptive rest are ``v_j`` and ``v_{j-1}``,
+    which holds ``A v_j - β v_{j-1}``: the rest's part of the difference went into it from the
+    gradients, no third vector."""
     H = operator("transformer")
-    rest = H._w
+
+    def large() -> set[int]:
+        return {
+            t.untyped_storage().data_ptr()
+            for t in gc.get_objects()
+            if type(t) is torch.Tensor and t.untyped_storage().nbytes() >= H._w.nbytes
+        }
+
+    gc.collect()
+    before = large()  # alive throughout (the operator's among them): their storage not reused
     counts = []
     write = InPlaceLoss._write
 
-    def watching(self, w, rest_=None, xi=None):
-        if rest_ is None:  # written back: the product's passes and gathers are done
-            large = {
-                t.untyped_storage().data_ptr()
-                for t in gc.get_objects()
-                if type(t) is torch.Tensor and t.untyped_storage().nbytes() >= rest.nbytes
-            }
-            large.discard(rest.untyped_storage().data_ptr())
-            counts.append(len(large))
-        return write(self, w, rest_, xi)
+    def watching(self, w, rest=None, xi=None):
+        if rest is None:  # written back: the product's passes and gathers are done
+            counts.append(len(large() - before))
+        return write(self, w, rest, xi)
 
     monkeypatch.setattr(InPlaceLoss, "_write", watching)
     with pytest.warns(RuntimeWarning, match="did not reach"):
