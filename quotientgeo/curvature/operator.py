@@ -150,9 +150,10 @@ class RiemannianHessian(_SymmetricOperator):
     (``D = H.shape[0]``, every trainable entry once; dtype and device of the model's
     coordinates, at least float32): the symmetric ``A = Tᵀ (P^h)ᵀ (∇²f - c) P^h T``, whose
     eigenvalues are those of the quotient's Hessian on the horizontal space, and ``0`` on the
-    vertical directions. :meth:`apply` gives ``Hess ξ`` itself on tangent vectors,
-    :meth:`tangent` and :meth:`whiten` convert between the two coordinates, and
-    :meth:`to_parameters` names a vector's entries by parameter.
+    vertical directions; :meth:`addmv_` forms ``β · out + A z`` in place (the
+    finite-difference product without a second vector). :meth:`apply` gives ``Hess ξ``
+    itself on tangent vectors, :meth:`tangent` and :meth:`whiten` convert between the two
+    coordinates, and :meth:`to_parameters` names a vector's entries by parameter.
 
     Args:
         model: the network; read only. Double backward runs every product in eval mode
