@@ -52,21 +52,23 @@ def gather(
     """``(points, w)``: one ``(batch, *shape)`` tensor per kind and the flat adaptive vector,
     in ``dtype`` (``w`` in ``rest_dtype`` where given)."""
 
-    def get(name: str) -> Tensor:
-        value = params[name].detach()
-        wanted = rest_dtype or dtype
-        return value if value.dtype == wanted else value.to(wanted)
-
+    wanted = rest_dtype or dtype
     points = [
         gather_blocks(plan, ki, range(len(kind.blocks)), params, dtype)
         for ki, kind in enumerate(plan.kinds)
     ]
-    flat = [get(n).reshape(-1) for n in plan.adaptive_names]
+    flat = [params[n].detach().reshape(-1) for n in plan.adaptive_names]
     for name in plan.partial:
-        value = get(name)
+        value = params[name].detach()
         mask = _mask(plan, name, value.device)
         flat.append(plan.views[name].matrix(value)[mask])
-    w = torch.cat(flat) if flat else torch.zeros(0, dtype=rest_dtype or dtype, device=device)
+    if not flat:
+        return points, torch.zeros(0, dtype=wanted, device=device)
+    if all(t.dtype == wanted for t in flat):
+        return points, torch.cat(flat)
+    # converted into one buffer: no converted copy of each tensor besides
+    w = torch.empty(sum(t.numel() for t in flat), dtype=wanted, device=flat[0].device)
+    torch._foreach_copy_(list(w.split([t.numel() for t in flat])), flat)  # pyright: ignore[reportPrivateImportUsage]
     return points, w
 
 
