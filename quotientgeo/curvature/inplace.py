@@ -287,17 +287,23 @@ class InPlaceLoss:
         return {n: sh.local_part(v, params[n]) for n, v in values.items()}
 
     # ------------------------------------------------------------------ gradients
+    def value(self, advance: Callable[[], object] = lambda: None) -> float:
+        """``f`` at the parameters as they are (the base point), by the passes of a gradient
+        (a sharded model's forward expects its backward), which is not read."""
+        with model_state_preserved(self.model), torch.enable_grad():
+            return self._passes(advance, check=True) / len(self.batches)
+
     def gradient(
-        self, advance: Callable[[], object] = lambda: None, rest: bool = True
-    ) -> tuple[float, tuple[list[Tensor], Tensor | None]]:
-        """``(f, ∇f)`` at the parameters as they are (the base point), ``∇f`` in coordinates;
-        with ``rest=False`` the symmetry blocks' part only (``None`` for the rest's)."""
+        self, advance: Callable[[], object] = lambda: None
+    ) -> tuple[float, tuple[list[Tensor], Tensor]]:
+        """``(f, ∇f)`` at the parameters as they are (the base point), ``∇f`` in coordinates."""
         n = len(self.batches)
         with model_state_preserved(self.model), torch.enable_grad():
             value = self._passes(advance, check=True)
-            points, w = self._gathered_grads(rest)
+            points, w = self._gathered_grads()
+        assert w is not None  # the rest's part, asked for
         if n > 1:
-            torch._foreach_div_([*points, *([] if w is None else [w])], float(n))  # pyright: ignore[reportPrivateImportUsage]
+            torch._foreach_div_([*points, w], float(n))  # pyright: ignore[reportPrivateImportUsage]
         return value / n, (points, w)
 
     def difference(
@@ -309,9 +315,11 @@ class InPlaceLoss:
         advance: Callable[[], object] = lambda: None,
         into: list[Tensor] | None = None,
         beta: float = 0.0,
-    ) -> tuple[list[Tensor], Tensor | None]:
+    ) -> tuple[list[Tensor], Tensor | None, list[Tensor]]:
         """``(∇f(x + tξ) - ∇f(x - tξ)) / (2t)`` in coordinates, at the base point of
-        :meth:`base` (``w`` its adaptive vector): ``xi`` the symmetry blocks' points of ``ξ``,
+        :meth:`base` (``w`` its adaptive vector), and the symmetry blocks' part of
+        ``(∇f(x + tξ) + ∇f(x - tξ)) / 2 = ∇f(x) + O(t²)`` (what the connection term takes, so
+        that no gradient at ``x`` is kept): ``xi`` the symmetry blocks' points of ``ξ``,
         ``rest = (part, z)`` the adaptive rest's part and whitened vector (``ξ_w = T z``,
         formed in the parameters, :meth:`_write`); ``t`` a scalar tensor, never read on the
         host. ``xi`` is emptied once the displaced weights are written (a caller that holds no
@@ -342,6 +350,7 @@ class InPlaceLoss:
                         plus = [p.grad for p in self.params]
                         for p in self.params:
                             p.grad = None
+                minus, _ = self._gathered_grads(rest=False)
                 _subtract_grads(self.params, plus)
                 hv_points, hv_w = self._gathered_grads(rest=into is None)
                 if into is not None:
@@ -349,8 +358,12 @@ class InPlaceLoss:
                         self._stream_rest(w, into, rest[0], scale, beta)
             finally:
                 self._write(w)
+        # the blocks' mean gradient: (∇f(x - tξ) + ½ (∇f(x + tξ) - ∇f(x - tξ))) / batches
+        torch._foreach_add_(minus, hv_points, alpha=0.5)  # pyright: ignore[reportPrivateImportUsage]
+        if len(self.batches) > 1:
+            torch._foreach_div_(minus, float(len(self.batches)))  # pyright: ignore[reportPrivateImportUsage]
         torch._foreach_mul_([*hv_points, *([] if hv_w is None else [hv_w])], scale)  # pyright: ignore[reportPrivateImportUsage]
-        return hv_points, hv_w
+        return hv_points, hv_w, minus
 
 
 def _shares_memory(t: Tensor, tensors: Sequence[Tensor]) -> bool:

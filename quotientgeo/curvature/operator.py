@@ -251,16 +251,14 @@ class RiemannianHessian(_SymmetricOperator):
         if product == "finite_difference":
             self._loss = InPlaceLoss(self.geometry, loss_fn, self.batches)
             points, w = self._loss.base()
-            # ∇f of the adaptive rest is not gathered (its size is that of w): the parts need
-            # only the symmetry blocks' (the connection term); ``gradient`` takes it again
-            self.loss, (gradient, _) = self._loss.gradient(rest=False)
+            # no gradient is kept: each product takes the connection term's ∇f from its own
+            # two gradients (InPlaceLoss.difference); ``gradient`` takes it when read
+            self.loss = self._loss.value()
             self._gradient: list[Tensor] | None = None
         else:
             points, w = self.geometry.gather()
             self._loss = BatchLoss(self.geometry, loss_fn, self.batches)
-            self.loss, full = self._loss.gradient(points, w)
-            self._gradient = full
-            gradient = full[:-1]
+            self.loss, self._gradient = self._loss.gradient(points, w)
         self._points, self._w = points, w
         if geometry == "euclidean":
             self.parts: list[Part] = [FlatPart() for _ in (*points, w)]
@@ -270,9 +268,7 @@ class RiemannianHessian(_SymmetricOperator):
                 raise TypeError(
                     f"the adaptive rest must be an AdaptiveGeometry, got {rest_manifold!r}"
                 )
-            self.parts = [
-                QuotientPart(x, m, g) for x, m, g in zip(points, manifolds, gradient, strict=True)
-            ]
+            self.parts = [QuotientPart(x, m) for x, m in zip(points, manifolds, strict=True)]
             self.parts.append(FrozenPart(w, rest_manifold, self.geometry.compute_dtype))
         self._rest_sizes = list(self.geometry.plan.adaptive_sizes)
         #: The coordinates' dtype: the base point may keep the adaptive rest narrower
@@ -314,12 +310,10 @@ class RiemannianHessian(_SymmetricOperator):
     @property
     def gradient(self) -> Tensor:
         """``∇f`` at the weights, flat (Euclidean coordinates). The finite-difference operator
-        keeps only the symmetry blocks' part of it: it takes the gradient again (one pass per
-        batch) when this is read."""
+        keeps none of it: it takes the gradient (one pass per batch) when this is read."""
         if self._gradient is None:
-            assert isinstance(self._loss, InPlaceLoss)  # the one that keeps only the blocks' part
+            assert isinstance(self._loss, InPlaceLoss)  # the one that keeps no gradient
             _, (points, w) = self._loss.gradient(advance=self._advance)
-            assert w is not None  # the rest's part, asked for
             return self._join([*points, w])
         return self._join(self._gradient)
 
@@ -366,20 +360,22 @@ class RiemannianHessian(_SymmetricOperator):
     @overload
     def _difference(
         self, z: list[Tensor], xi: list[Tensor | None], into: None = None, beta: float = 0.0
-    ) -> list[Tensor]: ...
+    ) -> tuple[list[Tensor], list[Tensor | None]]: ...
     @overload
     def _difference(
         self, z: list[Tensor], xi: list[Tensor | None], into: list[Tensor] | None, beta: float
-    ) -> list[Tensor | None]: ...
+    ) -> tuple[list[Tensor | None], list[Tensor | None]]: ...
     def _difference(
         self,
         z: list[Tensor],
         xi: list[Tensor | None],
         into: list[Tensor] | None = None,
         beta: float = 0.0,
-    ) -> list[Tensor] | list[Tensor | None]:
+    ) -> tuple[list[Tensor] | list[Tensor | None], list[Tensor | None]]:
         """``(∇f(x + tξ) - ∇f(x - tξ)) / (2t) = ∇²f ξ + O(t²)`` (central difference) for the
-        tangent vector ``ξ`` of whitened ``z``; ``xi`` holds its parts that are formed (the
+        tangent vector ``ξ`` of whitened ``z``, and the gradient the connection term takes:
+        ``(∇f(x + tξ) + ∇f(x - tξ)) / 2 = ∇f(x) + O(t²)``, the symmetry blocks' parts (``None``
+        for the rest's, whose ``Γ`` is zero); ``xi`` holds its parts that are formed (the
         symmetry blocks'), ``None`` where a part forms ``x ± tξ`` from ``z`` itself (the
         element-wise ones, so that no vector of the adaptive rest's size is held). ``xi`` is
         emptied: a caller that holds no other reference lets the passes free the blocks' ``ξ``
@@ -408,8 +404,10 @@ class RiemannianHessian(_SymmetricOperator):
             for p, zp, v in zip(self.parts[:-1], z, xi, strict=False)
         ]
         xi.clear()  # given up by the caller: the passes empty points_xi once written
-        points, w = self._loss.difference(self._w, points_xi, rest, t, self._advance, into, beta)
-        return [*points, w]
+        points, w, gradient = self._loss.difference(
+            self._w, points_xi, rest, t, self._advance, into, beta
+        )
+        return [*points, w], [*gradient, None]
 
     def _pieces(self, parts: list[Tensor]) -> list[Tensor]:
         """The parts of the finite difference's step: each kind of symmetry blocks, and each
@@ -421,14 +419,21 @@ class RiemannianHessian(_SymmetricOperator):
         """``(∇²f - c)(ξ)`` of tangent vectors ``ξ`` (lists of parts)."""
         assert isinstance(self._loss, BatchLoss)
         hv = self._loss.hvp(self._points, self._w, xis, advance=self._advance)
-        return [self._connected(h, xi) for h, xi in zip(hv, xis, strict=True)]
+        assert self._gradient is not None  # kept by the double-backward operator
+        return [self._connected(h, xi, self._gradient) for h, xi in zip(hv, xis, strict=True)]
 
-    def _connected(self, hv: Sequence[_Part], xi: Sequence[Tensor | None]) -> list[_Part]:
-        """``∇²f ξ - c(ξ)`` from ``hv = ∇²f ξ`` (``c`` subtracted in place where it is not
-        zero; ``None`` parts of ``hv``, streamed elsewhere, stay ``None``)."""
+    def _connected(
+        self,
+        hv: Sequence[_Part],
+        xi: Sequence[Tensor | None],
+        gradient: Sequence[Tensor | None],
+    ) -> list[_Part]:
+        """``∇²f ξ - c(ξ)`` from ``hv = ∇²f ξ`` and the parts' ``∇f`` (``c`` subtracted in
+        place where it is not zero; ``None`` parts of ``hv``, streamed elsewhere, stay
+        ``None``)."""
         out: list[_Part] = []
-        for part, hp, xp in zip(self.parts, hv, xi, strict=True):
-            c = None if xp is None else part.connection(xp)
+        for part, hp, xp, g in zip(self.parts, hv, xi, gradient, strict=True):
+            c = None if xp is None else part.connection(xp, g)
             if c is not None and hp is not None:
                 hp.sub_(c)
             out.append(hp)
@@ -440,7 +445,8 @@ class RiemannianHessian(_SymmetricOperator):
         xi = self._vector(xi, "xi")
         parts = [p.project(t) for p, t in zip(self.parts, self._split(xi), strict=True)]
         if self.product == "finite_difference":  # the tangent ξ itself: whitened by T = I
-            covector = self._connected(self._difference(parts, list(parts)), parts)
+            hv, gradient = self._difference(parts, list(parts))
+            covector = self._connected(hv, parts, gradient)
         else:
             (covector,) = self._covectors([parts])
         self.products += 1
@@ -511,7 +517,7 @@ class RiemannianHessian(_SymmetricOperator):
                     outs[-1].split(self._rest_sizes), self.geometry.plan.adaptive_names, strict=True
                 )
             ]
-        hv = self._difference(zs, formed, into, beta)  # empties formed
+        hv, gradient = self._difference(zs, formed, into, beta)  # empties formed
         leaves: list[Tensor] = []
         xis: list[Tensor | None] = []
         with torch.enable_grad():
@@ -519,7 +525,7 @@ class RiemannianHessian(_SymmetricOperator):
                 leaf = t if part.symmetric else t.detach().requires_grad_(True)
                 leaves.append(leaf)
                 xis.append(None if part.symmetric else part.tangent(leaf))
-        covector = self._connected(hv, [None if v is None else v.detach() for v in xis])
+        covector = self._connected(hv, [None if v is None else v.detach() for v in xis], gradient)
         if out is None:
             out = torch.empty_like(z)
             outs = self._split(out)

@@ -7,9 +7,9 @@ adaptive rest ``w``. Each gives, through the manifold API only:
   ``T`` the manifold's isotropic map (``Tᵀ G T = I``; for the GL kinds a triangular solve with
   the cached Cholesky factor of each head's ``h × h`` metric weight) and ``P^h`` the horizontal
   projection. Its Euclidean adjoint ``Tᵀ (P^h)ᵀ`` is a vector-Jacobian product of this map;
-- ``connection(ξ)``: the covector ``c`` with ``⟨c, η⟩ = ∇f · Γ(η, ξ)`` for every ``η``, from
-  the Christoffel contraction: ``c = ½ ∇_u (∇f · Γ(u, u))`` at ``u = ξ`` (``Γ`` is symmetric
-  bilinear);
+- ``connection(ξ, ∇f)``: the covector ``c`` with ``⟨c, η⟩ = ∇f · Γ(η, ξ)`` for every ``η``,
+  from the Christoffel contraction: ``c = ½ ∇_u (∇f · Γ(u, u))`` at ``u = ξ`` (``Γ`` is
+  symmetric bilinear; ``∇f`` the part's gradient, the caller's);
 - ``riemannian(c) = P^h G⁻¹ c``: a covector to the horizontal tangent vector it represents
   (the manifold's ``egrad2rgrad``).
 
@@ -82,8 +82,9 @@ class Part:
         """The horizontal part of ``ξ`` (``P^h ξ``)."""
         return xi
 
-    def connection(self, xi: Tensor) -> Tensor | None:
-        """``c`` with ``⟨c, η⟩ = ∇f · Γ(η, ξ)``; ``None`` where ``Γ = 0``."""
+    def connection(self, xi: Tensor, gradient: Tensor | None) -> Tensor | None:
+        """``c`` with ``⟨c, η⟩ = ∇f · Γ(η, ξ)`` (``gradient`` the part's ``∇f``); ``None``
+        where ``Γ = 0``."""
         return None
 
     def riemannian(self, c: Tensor) -> Tensor:
@@ -186,15 +187,14 @@ class FrozenPart(Part):
 
 
 class QuotientPart(Part):
-    """A kind of symmetry blocks at its points ``x``, with the loss gradient ``∇f`` there."""
+    """A kind of symmetry blocks at its points ``x``."""
 
     symmetric = False
 
-    def __init__(self, x: Tensor, manifold: QuotientManifold, gradient: Tensor):
+    def __init__(self, x: Tensor, manifold: QuotientManifold):
         self.manifold = manifold
         self.point = manifold.at(x)
-        self.gradient = gradient
-        self._half = gradient.new_tensor(0.5)  # the connection's ½, made once
+        self._half = x.new_tensor(0.5)  # the connection's ½, made once
         # the point's h × h factors (Grams, their Cholesky factors and inverses), which the
         # point caches, computed here once rather than by the first product
         with torch.no_grad():
@@ -208,10 +208,11 @@ class QuotientPart(Part):
     def project(self, xi: Tensor) -> Tensor:
         return self.manifold.proju(self.point, xi)
 
-    def connection(self, xi: Tensor) -> Tensor:
+    def connection(self, xi: Tensor, gradient: Tensor | None) -> Tensor:
+        assert gradient is not None  # Γ ≠ 0: the connection needs ∇f
         with torch.enable_grad():
             u = xi.detach().requires_grad_(True)
-            form = (self.gradient * self.manifold.christoffel(self.point, u)).sum()
+            form = (gradient * self.manifold.christoffel(self.point, u)).sum()
             # the ½ as the form's cotangent: exact (a power of two), no operator of its own
             (c,) = torch.autograd.grad(form, u, self._half)
         return c
