@@ -17,12 +17,15 @@ the difference. Holding the first gradient through the second backward pass cost
 the parameters at that pass's peak, which falls at its start (the loss's and the output
 layer's gradients, before any parameter's gradient is formed); accumulating the second
 gradient into the first would hold the same copy there and add an operator per parameter. The
-symmetry blocks' displaced entries are written through views of their regions
-(:func:`~quotientgeo.geometry.transfer.block_views`), from ``ξ`` and ``x`` in coordinates:
-nothing of the blocks is copied into parameter layout. The base point ``x`` (the coordinates
-the operator keeps) is written back after every product, bit-exactly (the coordinates are the
-parameters' values in a dtype at least as wide), also on an exception; modes, buffers and
-``.grad`` are restored as by the sharpness measures.
+subtraction also forms, in the second gradient's storage of the parameters with symmetry
+blocks' entries, the mean ``(∇f(x + tξ) + ∇f(x - tξ)) / 2 = ∇f(x) + O(t²)`` that the
+connection term takes (no gradient at ``x`` is kept, and nothing is held besides the two
+gradients at the second backward pass's end). The symmetry blocks' displaced entries are
+written through views of their regions (:func:`~quotientgeo.geometry.transfer.block_views`),
+from ``ξ`` and ``x`` in coordinates: nothing of the blocks is copied into parameter layout. The
+base point ``x`` (the coordinates the operator keeps) is written back after every product,
+bit-exactly (the coordinates are the parameters' values in a dtype at least as wide), also on
+an exception; modes, buffers and ``.grad`` are restored as by the sharpness measures.
 
 The base point keeps the adaptive rest in the parameters' own dtype where they share one that
 is narrower than the coordinates' (bfloat16 parameters, float32 arithmetic): it holds their
@@ -89,6 +92,10 @@ class InPlaceLoss:
         #: Whether :meth:`difference` can stream the rest's difference into an output (no
         #: partly covered or sharded parameters).
         self.streams = not geometry.plan.partial and not sh.sharded_parameters(self.params)
+        wholly = set(geometry.plan.adaptive_names)
+        #: The parameters with symmetry blocks' entries (all but the wholly adaptive ones).
+        self._block_names = [n for n in self.names if n not in wholly]
+        self._block_indices = [i for i, n in enumerate(self.names) if n not in wholly]
         sizes = list(geometry.plan.adaptive_sizes)
         #: ``(first, last + 1)`` of the wholly adaptive parameters streamed together.
         self._buckets = _buckets(sizes, STREAM_BYTES // self.dtype.itemsize)
@@ -160,24 +167,31 @@ class InPlaceLoss:
                 )
                 sh.local(p).copy_(sh.local_part(whole, p))
 
-    def _gathered_grads(self, rest: bool = True) -> tuple[list[Tensor], Tensor | None]:
+    def _gathered_grads(
+        self, rest: bool = True, grads: dict[str, Tensor | None] | None = None
+    ) -> tuple[list[Tensor], Tensor | None]:
         """The parameters' ``.grad`` in coordinates (zeros where the loss does not depend on a
         parameter; the whole tensors of sharded ones); with ``rest=False`` the symmetry
-        blocks' points only (``None`` for ``w``)."""
-        grads = {}
-        for name, p in zip(self.names, self.params, strict=True):
-            g = p.grad
+        blocks' points only (``None`` for ``w``), read from ``grads`` where given (tensors of
+        the parameters' layout, local parts, by the names of :attr:`_block_names`)."""
+        if grads is None:
+            names = self.names if rest else self._block_names
+            grads = {n: self.geometry.params[n].grad for n in names}
+        params = self.geometry.params
+        whole: dict[str, Tensor] = {}
+        for name, g in grads.items():
+            p = params[name]
             if g is None:
-                grads[name] = torch.zeros(p.shape, dtype=p.dtype, device=sh.local(p).device)
+                whole[name] = torch.zeros(p.shape, dtype=p.dtype, device=sh.local(p).device)
             else:
-                grads[name] = sh.full(sh.local(g), p)
+                whole[name] = sh.full(sh.local(g), p)
         if not rest:
             plan = self.geometry.plan
             return [
-                gather_blocks(plan, i, range(len(kind.blocks)), grads, self.dtype)
+                gather_blocks(plan, i, range(len(kind.blocks)), whole, self.dtype)
                 for i, kind in enumerate(plan.kinds)
             ], None
-        return self.geometry.gather(grads, dtype=self.dtype)
+        return self.geometry.gather(whole, dtype=self.dtype)
 
     def _stream_rest(
         self, w: Tensor, into: list[Tensor], part: Any, scale: Tensor, beta: float
@@ -350,20 +364,21 @@ class InPlaceLoss:
                         plus = [p.grad for p in self.params]
                         for p in self.params:
                             p.grad = None
-                minus, _ = self._gathered_grads(rest=False)
-                _subtract_grads(self.params, plus)
+                means = _subtract_grads(self.params, plus, self._block_indices)
+                halves = dict(zip(self._block_names, means, strict=True))
+                del means
+                mean, _ = self._gathered_grads(rest=False, grads=halves)
+                del halves  # (the second gradient's storage, of the blocks' parameters)
                 hv_points, hv_w = self._gathered_grads(rest=into is None)
                 if into is not None:
                     with torch.no_grad():
                         self._stream_rest(w, into, rest[0], scale, beta)
             finally:
                 self._write(w)
-        # the blocks' mean gradient: (∇f(x - tξ) + ½ (∇f(x + tξ) - ∇f(x - tξ))) / batches
-        torch._foreach_add_(minus, hv_points, alpha=0.5)  # pyright: ignore[reportPrivateImportUsage]
-        if len(self.batches) > 1:
-            torch._foreach_div_(minus, float(len(self.batches)))  # pyright: ignore[reportPrivateImportUsage]
+        if len(self.batches) > 1:  # the sums' mean over the batches
+            torch._foreach_div_(mean, float(len(self.batches)))  # pyright: ignore[reportPrivateImportUsage]
         torch._foreach_mul_([*hv_points, *([] if hv_w is None else [hv_w])], scale)  # pyright: ignore[reportPrivateImportUsage]
-        return hv_points, hv_w, minus
+        return hv_points, hv_w, mean
 
 
 def _shares_memory(t: Tensor, tensors: Sequence[Tensor]) -> bool:
@@ -372,19 +387,41 @@ def _shares_memory(t: Tensor, tensors: Sequence[Tensor]) -> bool:
     return any(ptr == u.untyped_storage().data_ptr() for u in tensors)
 
 
-def _subtract_grads(params: Sequence[Tensor], plus: list[Tensor | None]) -> None:
+def _subtract_grads(
+    params: Sequence[Tensor], plus: list[Tensor | None], means: Sequence[int]
+) -> list[Tensor | None]:
     """``.grad ← plus - .grad`` parameter by parameter, in one fused subtraction where both
     are there (a fresh gradient instead of one accumulated into ``plus``: autograd then writes
-    no sum per parameter)."""
+    no sum per parameter); returns, for the parameters at the indices ``means``, the mean
+    ``(plus + .grad) / 2``, formed as ``.grad + ½ (plus - .grad)`` in the second gradient's own
+    storage (one fused addition; ``None`` where neither gradient is there)."""
     both = [(a, p) for a, p in zip(plus, params, strict=True) if a is not None]
     pairs = [(a, p.grad) for a, p in both if p.grad is not None]
     if pairs:
         torch._foreach_sub_([a for a, _ in pairs], [g for _, g in pairs])  # pyright: ignore[reportPrivateImportUsage]
+    mean: list[Tensor | None] = []
+    fused: list[tuple[Tensor, Tensor]] = []  # (.grad, plus - .grad)
+    for i in means:
+        a, g = plus[i], params[i].grad
+        if a is not None and g is not None:
+            fused.append((g, a))
+            mean.append(g)
+        else:
+            mean.append(_half(a, g))
+    if fused:
+        torch._foreach_add_([g for g, _ in fused], [a for _, a in fused], alpha=0.5)  # pyright: ignore[reportPrivateImportUsage]
     for p, a in zip(params, plus, strict=True):
         if a is None:
             p.grad = None if p.grad is None else p.grad.neg_()
         else:
             p.grad = a
+    return mean
+
+
+def _half(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    """``(a + b) / 2`` where one of them is missing (zero): a new tensor, or ``None``."""
+    present = a if a is not None else b
+    return None if present is None else present * 0.5
 
 
 def _note(err: BaseException, message: str) -> None:

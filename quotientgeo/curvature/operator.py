@@ -183,7 +183,9 @@ class RiemannianHessian(_SymmetricOperator):
             gradients per batch of the model moved in place (no graph of the gradient is kept,
             no second derivative taken: what a sharded or very large model affords; a model
             sharded with FSDP2's ``fully_shard`` is measured as it is, every rank passing the
-            same batches), error ``O(t²)``; in float32 or wider.
+            same batches), error ``O(t²)``; in float32 or wider. The connection term's
+            ``∇f`` is the mean of the same two gradients (``∇f(x) + O(t²)``): the operator
+            keeps its base point and no gradient.
         step: the finite difference's relative step, the largest displacement of any part
             relative to its own size: ``t = step / max_p (‖ξ_p‖_∞ / s_p)`` over the parts
             ``p`` (each kind of symmetry blocks, each parameter of the adaptive rest) with
