@@ -93,9 +93,10 @@ class InPlaceLoss:
         #: partly covered or sharded parameters).
         self.streams = not geometry.plan.partial and not sh.sharded_parameters(self.params)
         wholly = set(geometry.plan.adaptive_names)
-        #: The parameters with symmetry blocks' entries (all but the wholly adaptive ones).
-        self._block_names = [n for n in self.names if n not in wholly]
+        #: The parameters with symmetry blocks' entries (all but the wholly adaptive ones):
+        #: their indices in :attr:`names`, and their names.
         self._block_indices = [i for i, n in enumerate(self.names) if n not in wholly]
+        self._block_names = [self.names[i] for i in self._block_indices]
         sizes = list(geometry.plan.adaptive_sizes)
         #: ``(first, last + 1)`` of the wholly adaptive parameters streamed together.
         self._buckets = _buckets(sizes, STREAM_BYTES // self.dtype.itemsize)
@@ -364,11 +365,13 @@ class InPlaceLoss:
                         plus = [p.grad for p in self.params]
                         for p in self.params:
                             p.grad = None
+                # the blocks' parameters' mean gradients, in the second gradient's storage,
+                # are freed once gathered
                 means = _subtract_grads(self.params, plus, self._block_indices)
-                halves = dict(zip(self._block_names, means, strict=True))
+                mean, _ = self._gathered_grads(
+                    rest=False, grads=dict(zip(self._block_names, means, strict=True))
+                )
                 del means
-                mean, _ = self._gathered_grads(rest=False, grads=halves)
-                del halves  # (the second gradient's storage, of the blocks' parameters)
                 hv_points, hv_w = self._gathered_grads(rest=into is None)
                 if into is not None:
                     with torch.no_grad():
