@@ -5,8 +5,9 @@ beyond the model's own forward and backward passes, counted at the dispatcher.
 under it is seen once, whatever the device, so the same command gives the same counts on the
 CPU and on CUDA. It counts
 
-- **operators**: the non-view ATen calls (a view, ``func.is_view``, launches no kernel), a proxy
-  for kernel launches;
+- **operators**: the non-view ATen calls (a view, ``func.is_view``, launches no kernel; nor does
+  ``_unsafe_view``, a view that autograd does not track, counted as one), a proxy for kernel
+  launches;
 - **host reads**: the calls that make the host wait for a tensor's value, each one a device
   synchronisation on an accelerator: ``_local_scalar_dense`` (``item()``, ``bool()``,
   ``float()``, ``int()`` of a tensor), ``is_nonzero``, ``equal``, ``nonzero`` and the other
@@ -18,7 +19,9 @@ CPU and on CUDA. It counts
   CPU tensor, ``numpy()``) are not seen;
 - **bytes**: the bytes of the tensor inputs plus the tensor outputs of every counted
   operator, a proxy for memory traffic (an in-place operator counts the tensor it writes as an
-  input and as an output, once, whether or not it returns it).
+  input and as an output, once, whether or not it returns it). An allocation (``empty``,
+  ``empty_strided``, ``new_empty``, ...) is an operator that touches no memory: its output is
+  not counted.
 
 The command builds the GPT-2-style decoder of ``bench memory`` (:func:`.memory.build`, a small
 width, 12 heads by default) at two depths and reports, per depth:
@@ -68,6 +71,22 @@ HOST_READS = frozenset(
         aten._linalg_eigh.default,
         aten._unique2.default,
         aten.unique_consecutive.default,
+    }
+)
+
+
+#: Operators that alias their input like a view, though their schema does not say so: counted
+#: as views (no operator, no bytes).
+ALIASES = frozenset({aten._unsafe_view.default})
+
+#: Operators that allocate their output without writing it: operators, but no bytes.
+ALLOCATIONS = frozenset(
+    {
+        aten.empty.memory_format,
+        aten.empty_strided.default,
+        aten.empty_like.default,
+        aten.new_empty.default,
+        aten.new_empty_strided.default,
     }
 )
 
@@ -124,13 +143,15 @@ class CostCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if self.paused or func.is_view:
+        if self.paused or func.is_view or func in ALIASES:
             return out
         self.ops += 1
         name = str(func.overloadpacket.__name__)
         self.by_op[name] = self.by_op.get(name, 0) + 1
         if _is_host_read(func, args, kwargs, out):
             self.host_reads += 1
+        if func in ALLOCATIONS:
+            return out
         written = {id(t): t for t in [*_tensors(out), *_mutated(func, args, kwargs)]}
         self.bytes += sum(t.nbytes for t in _tensors((args, kwargs)))
         self.bytes += sum(t.nbytes for t in written.values())

@@ -65,7 +65,8 @@ def test_memory_bench_json(capsys):
 
 def test_cost_counter_counts_operators_host_reads_and_bytes_exactly():
     """A loop of k adds is k operators, ``item()`` and ``bool()`` are one host read each,
-    views are not counted, and bytes are the inputs plus the outputs of each operator."""
+    views (and ``_unsafe_view``) are not counted, allocations touch no bytes, and bytes are
+    the inputs plus the outputs of each operator."""
     import torch
 
     from quotientgeo.bench.cost import CostCounter
@@ -81,6 +82,14 @@ def test_cost_counter_counts_operators_host_reads_and_bytes_exactly():
         x.detach()
         x[2:5].unsqueeze(0)
     assert (c.ops, c.host_reads, c.bytes) == (0, 0, 0)
+    with CostCounter() as c:  # an allocation is an operator that reads and writes nothing
+        torch.empty(10)
+        x.new_empty(10)
+        torch.empty_like(x)
+    assert (c.ops, c.bytes) == (3, 0)
+    with CostCounter() as c:  # reshape of a non-contiguous tensor: a clone, then _unsafe_view
+        torch.ones(2, 5).t().reshape(10)
+    assert c.by_op == {"ones": 1, "clone": 1} and c.bytes == 40 + 2 * 40
     with CostCounter() as c:
         x.sum().item()
     assert (c.ops, c.host_reads) == (2, 1)  # the sum, then the read
