@@ -334,8 +334,10 @@ def _expm(A: Tensor, bound: int) -> tuple[Tensor, Tensor]:
     E = q[0] + B4 @ E
     if bound:
         square = s > torch.arange(bound, dtype=s.dtype, device=s.device)  # (..., 1, S)
+        # E ← E · (E or I): the same values as where(square, E E, E) (a product with I is
+        # exact), and a backward pass with one where and no zeros for the identity's branch
         for j in range(bound):
-            E = torch.where(square[..., j : j + 1], E @ E, E)
+            E = E @ torch.where(square[..., j : j + 1], E, eye)
     return E, failed.reshape(failed.shape[:-2])
 
 
