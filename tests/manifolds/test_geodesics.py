@@ -143,6 +143,31 @@ def test_inv_closed_form_is_equivariant_and_stays_horizontal(case, size, log_con
         assert gap.max().item() <= k
 
 
+@settings(max_examples=8)
+@given(
+    case=gl_cases(metric="inv", dtype=torch.float64),
+    size=sizes,
+    rotary=st.booleans(),
+)
+def test_inv_expmap_is_the_geodesic_point_without_its_velocity(case, size, rotary):
+    """``expmap`` skips ``γ'(1)`` and gives ``geodesic(x, u)[0]`` to the last bit, on the GL
+    quotient and on the rotary one that shares its closed form; its gradient is the point's."""
+    m, x = case.manifold, case.x
+    if rotary:
+        h = x.shape[-1]
+        if h % 2:
+            reject()
+        m = RotaryGLQuotient(m.n, "inv")
+    u = scaled(m, x, m.proju(x, case.u), size).requires_grad_(True)
+    point, _ = m.geodesic(x, u)
+    moved = m.expmap(x, u)
+    assert torch.equal(moved, point)
+    cotangent = torch.randn_like(point)
+    (expected,) = torch.autograd.grad(point, u, cotangent)
+    (got,) = torch.autograd.grad(m.expmap(x, u), u, cotangent)
+    assert torch.equal(got, expected)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_inv_closed_form_velocity_in_the_column_space_and_zero(seed):
     """``W⊥ = 0`` (``ξ = F B``) and ``ξ = 0`` need no special case."""

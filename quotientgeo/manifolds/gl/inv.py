@@ -63,13 +63,32 @@ class InvTotalSpace(GLTotalSpace):
         geodesic is integrated (:meth:`GLTotalSpace.geodesic`)."""
         if self.relaxed:
             return super().geodesic(x, u, t, steps=steps)
+        point, velocity = self._closed_form(x, u, t, velocity=True)
+        assert velocity is not None
+        return point, velocity
+
+    def expmap(self, x: Tensor | AtPoint, u: Tensor, *, steps: int | None = None) -> Tensor:
+        """``γ(1)``: for ``eps = 0`` the closed form without the velocity (no ``F'(1)``, whose
+        ``n × h`` products cost as much as the point's), else :meth:`GLTotalSpace.expmap`."""
+        if self.relaxed:
+            return super().expmap(x, u, steps=steps)
+        return self._closed_form(x, u, 1.0, velocity=False)[0]
+
+    def _closed_form(
+        self, x: Tensor | AtPoint, u: Tensor, t: float | Tensor, velocity: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """``(γ(t), γ'(t))`` by :func:`inv_geodesics` (``γ'(t)`` only with ``velocity``)."""
         p = self.at(x)
         self._check_vector(p, u)
         t = self._times(t, p, u)
         (G, H), (uG, uH) = self.split(p), self.split(u)
         LP, LQ = self.cholesky_factors(p)
         LP_inv, LQ_inv = p.cached("cholesky_inv", lambda: (lower_inverse(LP), lower_inverse(LQ)))
-        (G1, dG), (H1, dH) = inv_geodesics([(G, uG, LP, LP_inv), (H, uH, LQ, LQ_inv)], t)
+        (G1, dG), (H1, dH) = inv_geodesics(
+            [(G, uG, LP, LP_inv), (H, uH, LQ, LQ_inv)], t, velocity=velocity
+        )
+        if dG is None or dH is None:
+            return self.join(G1, H1), None
         return self.join(G1, H1), self.join(dG, dH)
 
     def gamma_coefficients(self, k: Products, same: bool) -> Coefficients:
@@ -143,26 +162,31 @@ def inv_geodesic(
     ``n × h`` products with ``h × h`` coefficients, and the map is smooth in ``ξ``, also where
     ``W⊥ = 0`` (a velocity inside the column space) and at ``ξ = 0``.
     """
-    return inv_geodesics([(F, xi, L, L_inv)], t)[0]
+    point, velocity = inv_geodesics([(F, xi, L, L_inv)], t)[0]
+    assert velocity is not None
+    return point, velocity
 
 
 def inv_geodesics(
-    factors: Sequence[tuple[Tensor, Tensor, Tensor, Tensor | None]], t: Tensor | float = 1.0
-) -> list[tuple[Tensor, Tensor]]:
+    factors: Sequence[tuple[Tensor, Tensor, Tensor, Tensor | None]],
+    t: Tensor | float = 1.0,
+    velocity: bool = True,
+) -> list[tuple[Tensor, Tensor | None]]:
     """:func:`inv_geodesic` of several factors ``(F, ξ, L, L_inv)`` at once: where their
     ``h × h`` matrices have one shape (the two factors of one point), the matrix exponentials
-    of all of them are two batched calls of :func:`~quotientgeo.linalg.expm`."""
+    of all of them are two batched calls of :func:`~quotientgeo.linalg.expm`. Without
+    ``velocity``, ``F'(t)`` is not formed (``None``)."""
     parts = [
         _generators(F, xi, lower_inverse(L) if L_inv is None else L_inv)
         for F, xi, L, L_inv in factors
     ]
     if len({part[0].shape for part in parts}) > 1:  # nothing to batch
-        return [inv_geodesics([f], t)[0] for f in factors]
+        return [inv_geodesics([f], t, velocity)[0] for f in factors]
     h = factors[0][0].shape[-1]
     E = expm(t * torch.stack([part[0] for part in parts]))[..., :h]
     Xt = expm(t * mT(torch.stack([part[1] for part in parts])))
     return [
-        _moved(F, xi, L, *part[1:], E[i], Xt[i])
+        _moved(F, xi, L, *part[1:], E[i], Xt[i], velocity)
         for i, ((F, xi, L, _), part) in enumerate(zip(factors, parts, strict=True))
     ]
 
@@ -189,16 +213,13 @@ def _generators(F: Tensor, xi: Tensor, L_inv: Tensor):
 
 def _moved(
     F: Tensor, xi: Tensor, L: Tensor, X: Tensor, S2: Tensor, d: Tensor, L_inv: Tensor,
-    E: Tensor, Xt: Tensor,
-) -> tuple[Tensor, Tensor]:  # fmt: skip
+    E: Tensor, Xt: Tensor, velocity: bool = True,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """``(F(t), F'(t))`` of :func:`inv_geodesic` from ``E = expm(t M_balanced)[:, :h]`` and
-    ``Xt = expm(t Xᵀ)``."""
+    ``Xt = expm(t Xᵀ)`` (``F'(t)`` only with ``velocity``, else ``None``)."""
     h = F.shape[-1]
     E = torch.cat([E[..., :h, :], d * E[..., h:, :]], -2)  # expm(t M_unbalanced)[:, :h]
     Y = E @ Xt
-    eye = torch.eye(h, dtype=X.dtype, device=X.device).expand_as(X)
-    M = torch.cat([torch.cat([X - mT(X), -S2], -1), torch.cat([eye, torch.zeros_like(X)], -1)], -2)
-    dY = M @ Y + Y @ mT(X)
 
     def point(Y: Tensor) -> Tensor:  # [F, ξ] [[R⁻¹, -R⁻¹X], [0, R⁻¹]] Y R with R = Lᵀ
         Y1, Y2 = Y[..., :h, :], Y[..., h:, :]
@@ -206,7 +227,11 @@ def _moved(
         B = mT(L_inv) @ Y2 @ mT(L)
         return F @ A + xi @ B
 
-    return point(Y), point(dY)
+    if not velocity:
+        return point(Y), None
+    eye = torch.eye(h, dtype=X.dtype, device=X.device).expand_as(X)
+    M = torch.cat([torch.cat([X - mT(X), -S2], -1), torch.cat([eye, torch.zeros_like(X)], -1)], -2)
+    return point(Y), point(M @ Y + Y @ mT(X))
 
 
 def lower_inverse(L: Tensor) -> Tensor:
