@@ -255,6 +255,15 @@ _TAYLOR_THETA = 0.5  # ‖A‖₁ after scaling: degree-12 truncation error ≤ 
 DEFERRED_SQUARINGS = 6
 
 
+def expm_squarings(norm: float) -> int:
+    """The squarings :func:`expm` takes for a matrix of 1-norm at most ``norm``:
+    ``⌈log₂(norm / θ)⌉₊`` (``θ = 0.5``). A caller that bounds the norms of its matrices passes
+    this as ``squarings``: its masked squarings then number no more than its matrices need."""
+    if not math.isfinite(norm):
+        raise ValueError(f"expm_squarings needs a finite norm, got {norm}")
+    return max(0, math.ceil(math.log2(norm / _TAYLOR_THETA))) if norm > 0 else 0
+
+
 def _expm_too_long(bound: int) -> ValueError:
     return ValueError(
         f"expm: a matrix has a 1-norm above {_TAYLOR_THETA * 2.0**bound:g} (or non-finite "
@@ -293,8 +302,7 @@ def expm(A: Tensor, squarings: int | None = None) -> Tensor:
         norm = float(A.detach().abs().sum(-2).amax(-1).max()) if A.numel() else 0.0
         if not math.isfinite(norm):
             raise ValueError("expm: the matrix has non-finite entries")
-        squarings = max(0, math.ceil(math.log2(norm / _TAYLOR_THETA))) if norm > 0 else 0
-        return _expm(A, squarings)[0]
+        return _expm(A, expm_squarings(norm))[0]
     bound = DEFERRED_SQUARINGS if squarings is None else squarings
     E, failed = _expm(A, bound)
     if checks is not None:

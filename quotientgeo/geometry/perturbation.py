@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..manifolds import AdaptiveGeometry, QuotientManifold
+from ..manifolds.base import speeds_at_most
 from ..manifolds.gl.damping import with_ball_filled
 from ..options import Norm, Perturbation
 from . import shards as sh
@@ -115,21 +116,38 @@ class PerturbationSpace:
     and the horizontal space; ``ball`` is the metric of the ball and of the gradient:
     ``manifold`` itself (Riemannian norm) or the element-wise
     :class:`~quotientgeo.AdaptiveGeometry` (adaptive norm, perturbations kept horizontal).
+    ``speed``: a bound on the norm of every vector ``move`` applies, in ``manifold``'s metric
+    (the ball's radius where the ball is in that metric), promised to the manifold
+    (:func:`~quotientgeo.manifolds.base.speeds_at_most`).
     """
 
-    def __init__(self, manifold, x: Tensor, move: str, ball, factors: dict | None = None):
+    def __init__(
+        self,
+        manifold,
+        x: Tensor,
+        move: str,
+        ball,
+        factors: dict | None = None,
+        speed: float | None = None,
+    ):
         self.manifold = manifold
         self.point = manifold.at(x)
         if factors is not None:  # the factors of this base point computed by earlier spaces
             self.point.cache = _KeptFactors(factors, x)
         self.linear = move == "retr"
-        self.move = functools.partial(getattr(manifold, move), self.point)
+        self._move = functools.partial(getattr(manifold, move), self.point)
+        self.speed = speed
         self.first_order = functools.partial(manifold.retr, self.point)  # ``x + ξ``
         self.ball = ball
         self.ball_point = self.point if ball is manifold else ball.at(x)
         #: Straight moves in the part's own element-wise adaptive metric (a piece of the
         #: adaptive rest): ``J = I``, every vector horizontal, ``rgrad(∇) = ŵ² ∇``.
         self.adaptive_rest = self.linear and ball is manifold and isinstance(ball, AdaptiveGeometry)
+
+    def move(self, xi: Tensor) -> Tensor:
+        """The part moved by ``ξ`` (the map of ``move``), with ``‖ξ‖ ≤ speed`` promised."""
+        with speeds_at_most(self.speed):
+            return self._move(xi)
 
     def zeros(self) -> Tensor:
         return torch.zeros_like(self.point.x)
@@ -258,11 +276,12 @@ class BlockChunk:
         manifold: QuotientManifold,
         move: str,
         ball: QuotientManifold,
+        speed: float | None = None,
     ):
         plan = geometry.plan
         k = plan.kinds[kind]
         self.plan, self.kind, self.blocks = plan, kind, blocks
-        self.manifold, self.move, self.ball = manifold, move, ball
+        self.manifold, self.move, self.ball, self.speed = manifold, move, ball, speed
         self.offset = sum(k.sizes[: blocks.start])
         self.heads = k.batch if k.product is not None else sum(k.sizes[i] for i in blocks)
         if k.product is not None:
@@ -291,7 +310,7 @@ class BlockChunk:
             tensors[name].copy_(sh.local_part(whole[name], p))
 
     def space(self, x: Tensor, factors: dict | None = None) -> PerturbationSpace:
-        return PerturbationSpace(self.manifold, x, self.move, self.ball, factors)
+        return PerturbationSpace(self.manifold, x, self.move, self.ball, factors, self.speed)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -563,7 +582,9 @@ class Perturbations:
         rest: the geometry of the adaptive rest (element-wise adaptive; SAM's flat one).
         radius: the ball's radius ``ρ``, for the GL kinds relaxed by a
             :class:`~quotientgeo.FrameDamping` (or ``BallDamping``) that takes it from the ball
-            (:func:`in_ball`).
+            (:func:`in_ball`); with the Riemannian norm, also the bound on the speed of every
+            move of the symmetry blocks (:attr:`PerturbationSpace.speed`): every vector moved
+            along must lie in the ball.
         chunk_bytes: the largest chunk of symmetry blocks, in bytes of the compute dtype
             (``None``: :func:`chunk_fraction` of the device, of the bytes of the parameters this
             rank holds, in their own dtype; at least :data:`MIN_CHUNK_BYTES`, at least one block).
@@ -608,6 +629,8 @@ class Perturbations:
             m = self.manifolds[ki]
             ball = m if Norm(norm) == Norm.RIEMANNIAN else AdaptiveGeometry()
             move = move_of(m, perturbation)
+            # every move is within the ball: its radius bounds the speed in the ball's metric
+            speed = radius if ball is m else None
             per_head = math.prod(kind.shape) * size
             if kind.product is not None:
                 groups = [range(len(kind.blocks))]
@@ -619,7 +642,7 @@ class Perturbations:
                         start, used = i, 0
                     used += heads * per_head
                 groups.append(range(start, len(kind.sizes)))
-            self.chunks.append([BlockChunk(geometry, ki, g, m, move, ball) for g in groups])
+            self.chunks.append([BlockChunk(geometry, ki, g, m, move, ball, speed) for g in groups])
         self.rest_manifold = rest if rest is not None else geometry.rest_manifold()
         self.rest = self._pieces(plan.rest_names, masked=True)
         self.pieces = self._pieces(list(self.params), masked=False)

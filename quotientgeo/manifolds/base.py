@@ -36,9 +36,11 @@ computes everything that depends only on ``x`` once.
 from __future__ import annotations
 
 import abc
+import contextlib
+import contextvars
 import math
 import warnings
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -70,6 +72,31 @@ T = TypeVar("T")
 DEFAULT_METRIC = "mix"
 
 __all__ = ["DEFAULT_METRIC", "AtPoint", "QuotientManifold", "metric_variant"]
+
+_SPEED: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "quotientgeo_speed", default=None
+)
+
+
+@contextlib.contextmanager
+def speeds_at_most(speed: float | None) -> Iterator[None]:
+    """Inside, every exponential map and geodesic is taken along a velocity whose norm in the
+    manifold's metric, times ``|t|``, is at most ``speed`` (``None``: no bound): a promise of
+    the caller (a ball's radius, where the ball is in that metric) from which a manifold may
+    size its work on the host. The inv metric's closed-form geodesic takes its matrix
+    exponentials' squarings from it (:func:`speed_bound`) instead of the most that
+    :func:`~quotientgeo.linalg.deferred_checks` allows. A velocity beyond the promise is not
+    computed wrongly: its exponentials fail their checks as ever."""
+    token = _SPEED.set(speed)
+    try:
+        yield
+    finally:
+        _SPEED.reset(token)
+
+
+def speed_bound() -> float | None:
+    """The bound of the innermost :func:`speeds_at_most` (``None`` outside one)."""
+    return _SPEED.get()
 
 
 def metric_variant(

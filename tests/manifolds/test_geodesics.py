@@ -18,10 +18,12 @@ from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
 from quotientgeo import GLQuotient, RotaryGLQuotient
-from quotientgeo.linalg import mT
+from quotientgeo.bench.cost import CostCounter
+from quotientgeo.linalg import DEFERRED_SQUARINGS, DeferredChecks, mT
 from quotientgeo.manifolds import GLTotalSpace
+from quotientgeo.manifolds.base import speeds_at_most
 from quotientgeo.manifolds.gl import total as total_module
-from quotientgeo.manifolds.gl.inv import inv_geodesic
+from quotientgeo.manifolds.gl.inv import inv_geodesic, squarings_at_speed
 from quotientgeo.manifolds.ode import MAX_STEPS, LeftManifold, controlled, rk4, rtol_for, steps_for
 from quotientgeo.testing.numerics import conditioned, gen, rel_err, tol
 from quotientgeo.testing.strategies import gl_cases
@@ -166,6 +168,78 @@ def test_inv_expmap_is_the_geodesic_point_without_its_velocity(case, size, rotar
     (expected,) = torch.autograd.grad(point, u, cotangent)
     (got,) = torch.autograd.grad(m.expmap(x, u), u, cotangent)
     assert torch.equal(got, expected)
+
+
+@settings(max_examples=12)
+@given(
+    case=gl_cases(metric="inv", dtype=torch.float64),
+    size=st.floats(1e-5, 4.0),
+    horizontal=st.booleans(),
+    t=st.sampled_from([1.0, 0.5, -1.0]),
+)
+def test_inv_geodesic_within_a_speed_bound_squares_only_as_often_as_the_bound_needs(
+    case, size, horizontal, t
+):
+    """Inside ``speeds_at_most(ν)``, a velocity of norm ``ν`` moves the point to the last bit
+    as without the bound (the squarings the bound allows suffice: no check fails), in fewer
+    operators where the bound needs fewer than the deferred maximum of squarings."""
+    m, x = case.manifold, case.x
+    u = scaled(m, x, m.proju(x, case.u) if horizontal else case.u, size)
+    with DeferredChecks(factorisations=False) as free, CostCounter() as unbounded:
+        expected = m.geodesic(x, u, t)
+    with (
+        DeferredChecks(factorisations=False) as bounded,
+        CostCounter() as counted,
+        speeds_at_most(size),
+    ):
+        got = m.geodesic(x, u, t)
+    failed = bounded.failed()
+    assert failed is not None and not bool(failed) and not bool(free.failed())
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    needed = squarings_at_speed(x.shape[-1], size * abs(t))
+    fewer = 2 * DEFERRED_SQUARINGS - sum(needed)
+    assert counted.by_op["where"] == unbounded.by_op["where"] - fewer
+
+
+def test_inv_speed_bound_holds_for_the_widest_generator():
+    """The velocity whose generator is widest in the 1-norm for its speed (``X`` skew with one
+    constant column, ``W⊥ = 0``: ``‖X - Xᵀ‖₁ ≈ √(2h)·‖X‖_F``) needs 3 squarings at this size,
+    which the bound gives (a bound without the skew part's factor 2 would give 2: a check
+    fails)."""
+    h, n, c = 16, 20, 0.07
+    g = gen(0)
+    F = conditioned((), n, h, 3.0, g)
+    L = torch.linalg.cholesky(mT(F) @ F)
+    v = torch.full((h, 1), c, dtype=torch.float64)
+    v[0] = 0.0
+    e = torch.zeros(h, 1, dtype=torch.float64)
+    e[0] = 1.0
+    X = v @ mT(e) - e @ mT(v)  # ‖X - Xᵀ‖₁ = 2c(h - 1) = 2.1 > 0.5 · 2²
+    xi = F @ torch.linalg.solve_triangular(mT(L), X @ mT(L), upper=True, left=True)
+    m = GLQuotient(n, "inv")
+    x = m.join(F, conditioned((), n, h, 3.0, g))
+    u = m.join(xi, torch.zeros_like(xi))
+    speed = float(m.norm(x, u))
+    assert speed == pytest.approx(float(torch.linalg.matrix_norm(X)), rel=1e-12)
+    assert squarings_at_speed(h, speed)[0] == 3
+    with DeferredChecks(factorisations=False) as checks, speeds_at_most(speed):
+        y = m.expmap(x, u)
+    failed = checks.failed()
+    assert failed is not None and not bool(failed)
+    torch.testing.assert_close(y, m.expmap(x, u), rtol=0, atol=0)
+
+
+def test_inv_geodesic_beyond_its_speed_bound_fails_its_checks():
+    """A velocity faster than the promise is not moved wrongly: its exponentials fail their
+    checks (``NaN``, and a failure recorded inside deferred checks)."""
+    m = GLQuotient(6, "inv")
+    g = gen(3)
+    x = m.random(2, 12, 3, generator=g, dtype=torch.float64)
+    u = scaled(m, x, m.proju(x, torch.randn(x.shape, generator=g, dtype=x.dtype)), 3.0)
+    with DeferredChecks(factorisations=False) as checks, speeds_at_most(1e-3):
+        y = m.expmap(x, u)
+    failed = checks.failed()
+    assert failed is not None and bool(failed) and bool(y.isnan().any())
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -33,8 +33,9 @@ def _exact(model, loss_fn, n_iter: int, rho: float = 0.05):
     )  # fmt: skip
 
 
-def _host_read_expm(A: torch.Tensor) -> torch.Tensor:
-    """The exponential with one ``s`` for the batch, its largest 1-norm read on the host."""
+def _host_read_expm(A: torch.Tensor, squarings: int | None = None) -> torch.Tensor:
+    """The exponential with one ``s`` for the batch, its largest 1-norm read on the host
+    (whatever number of squarings the caller allows)."""
     norm = float(A.detach().abs().sum(-2).amax(-1).max())
     s = max(0, math.ceil(math.log2(norm / 0.5))) if norm > 0 else 0
     E = linalg.expm(A / 2.0**s, squarings=0)
@@ -59,6 +60,25 @@ def test_the_exponentials_read_nothing_on_the_host(name, monkeypatch):
     monkeypatch.setattr(inv, "expm", counted)
     _exact(model, loss_fn, 6)
     assert len(reads) > 10 and set(reads) == {0}
+
+
+@pytest.mark.parametrize("rho", [0.05, 0.5, 2.0])
+def test_the_radius_bounds_the_squarings(rho, monkeypatch):
+    """With the Riemannian norm every move is within the ball, so every exponential of a run
+    is given the squarings that the radius bounds (``inv.squarings_at_speed``), not the
+    deferred maximum."""
+    model, loss_fn = regression("gpt2")
+    calls = []
+
+    def recorded(A, squarings=None):
+        calls.append((A.shape[-1], squarings))
+        return linalg.expm(A, squarings)
+
+    monkeypatch.setattr(inv, "expm", recorded)
+    _exact(model, loss_fn, 4, rho)
+    h = min(size for size, _ in calls)
+    s_M, s_X = inv.squarings_at_speed(h, rho)
+    assert len(calls) > 10 and set(calls) == {(2 * h, s_M), (h, s_X)}
 
 
 @pytest.mark.parametrize("rho", [0.05, 2.0])

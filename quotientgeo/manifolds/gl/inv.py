@@ -2,12 +2,14 @@ r"""The ``inv`` metric ``tr(P⁻¹ η_Gᵀ ζ_G) + tr(Q⁻¹ η_Hᵀ ζ_H)``: to
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 
-from ...linalg import expm, mT, solve_sylvester, sylvester_basis, sym
-from ..base import AtPoint
+from ... import linalg
+from ...linalg import expm, expm_squarings, mT, solve_sylvester, sylvester_basis, sym
+from ..base import AtPoint, speed_bound
 from .blocks import Coefficients, Products
 from .quotient import GLQuotient
 from .total import GLTotalSpace
@@ -77,15 +79,20 @@ class InvTotalSpace(GLTotalSpace):
     def _closed_form(
         self, x: Tensor | AtPoint, u: Tensor, t: float | Tensor, velocity: bool
     ) -> tuple[Tensor, Tensor | None]:
-        """``(γ(t), γ'(t))`` by :func:`inv_geodesics` (``γ'(t)`` only with ``velocity``)."""
+        """``(γ(t), γ'(t))`` by :func:`inv_geodesics` (``γ'(t)`` only with ``velocity``), with
+        the bound of :func:`~quotientgeo.manifolds.base.speeds_at_most` where ``t`` is a number
+        of size at most 1 (:func:`squarings_at_speed` holds there)."""
         p = self.at(x)
         self._check_vector(p, u)
+        bound, speed = speed_bound(), None
+        if bound is not None and not isinstance(t, Tensor) and abs(t) <= 1:
+            speed = bound * abs(t)
         t = self._times(t, p, u)
         (G, H), (uG, uH) = self.split(p), self.split(u)
         LP, LQ = self.cholesky_factors(p)
         LP_inv, LQ_inv = p.cached("cholesky_inv", lambda: (lower_inverse(LP), lower_inverse(LQ)))
         (G1, dG), (H1, dH) = inv_geodesics(
-            [(G, uG, LP, LP_inv), (H, uH, LQ, LQ_inv)], t, velocity=velocity
+            [(G, uG, LP, LP_inv), (H, uH, LQ, LQ_inv)], t, velocity=velocity, speed=speed
         )
         if dG is None or dH is None:
             return self.join(G1, H1), None
@@ -171,24 +178,52 @@ def inv_geodesics(
     factors: Sequence[tuple[Tensor, Tensor, Tensor, Tensor | None]],
     t: Tensor | float = 1.0,
     velocity: bool = True,
+    speed: float | None = None,
 ) -> list[tuple[Tensor, Tensor | None]]:
     """:func:`inv_geodesic` of several factors ``(F, ξ, L, L_inv)`` at once: where their
     ``h × h`` matrices have one shape (the two factors of one point), the matrix exponentials
     of all of them are two batched calls of :func:`~quotientgeo.linalg.expm`. Without
-    ``velocity``, ``F'(t)`` is not formed (``None``)."""
+    ``velocity``, ``F'(t)`` is not formed (``None``).
+
+    ``speed``: a bound on every factor's ``ν = |t| ‖ξ L⁻ᵀ‖_F`` (its speed in the metric), from
+    which the exponentials take their squarings (:func:`squarings_at_speed`); ``None``:
+    :func:`~quotientgeo.linalg.expm`'s own choice."""
     parts = [
         _generators(F, xi, lower_inverse(L) if L_inv is None else L_inv)
         for F, xi, L, L_inv in factors
     ]
     if len({part[0].shape for part in parts}) > 1:  # nothing to batch
-        return [inv_geodesics([f], t, velocity)[0] for f in factors]
+        return [inv_geodesics([f], t, velocity, speed)[0] for f in factors]
     h = factors[0][0].shape[-1]
-    E = expm(t * torch.stack([part[0] for part in parts]))[..., :h]
-    Xt = expm(t * mT(torch.stack([part[1] for part in parts])))
+    s_M, s_X = (None, None) if speed is None else squarings_at_speed(h, speed)
+    E = expm(t * torch.stack([part[0] for part in parts]), s_M)[..., :h]
+    Xt = expm(t * mT(torch.stack([part[1] for part in parts])), s_X)
     return [
         _moved(F, xi, L, *part[1:], E[i], Xt[i], velocity)
         for i, ((F, xi, L, _), part) in enumerate(zip(factors, parts, strict=True))
     ]
+
+
+#: The relative slack of :func:`squarings_at_speed`'s bound: a velocity scaled to the bound
+#: in the compute dtype, or stored in half precision, may exceed it by its rounding.
+SPEED_SLACK = 1.01
+
+
+def squarings_at_speed(h: int, speed: float) -> tuple[int, int]:
+    """The squarings of the two matrix exponentials of :func:`inv_geodesics` (of the balanced
+    ``2h × 2h`` ``M`` and of ``tXᵀ``) where every factor's speed ``ν = |t| ‖ξ L⁻ᵀ‖_F`` is at
+    most ``speed``: ``‖X‖_F ≤ ν`` and ``‖W⊥ᵀW⊥‖_F ≤ ν²`` (``X = QᵀξR⁻¹``, ``W⊥ = ξR⁻¹ - QX``,
+    ``Q`` orthonormal), so with ``σ = max(‖W⊥ᵀW⊥‖_F^½, 10⁻³)`` and ``‖A‖₁ ≤ √h ‖A‖_F``,
+    ``‖tM‖₁ ≤ 2√h ν + σ`` on its first ``h`` columns and ``√h σ`` on the others, and
+    ``‖tXᵀ‖₁ ≤ √h ν`` (:func:`~quotientgeo.linalg.expm_squarings` of each, ``ν`` with
+    :data:`SPEED_SLACK`), at most :data:`~quotientgeo.linalg.DEFERRED_SQUARINGS`: a step that
+    needs more fails its checks, as without the bound."""
+    nu = speed * SPEED_SLACK
+    root = math.sqrt(h)
+    sigma = max(nu, 1e-3)
+    bounds = (max(2 * root * nu + sigma, root * sigma), root * nu)
+    s_M, s_X = (min(expm_squarings(b), linalg.DEFERRED_SQUARINGS) for b in bounds)
+    return s_M, s_X
 
 
 def _generators(F: Tensor, xi: Tensor, L_inv: Tensor):
