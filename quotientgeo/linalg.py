@@ -313,6 +313,30 @@ def expm(A: Tensor, squarings: int | None = None) -> Tensor:
     return E
 
 
+def identity(n: int, like: Tensor) -> Tensor:
+    """The ``n × n`` identity in ``like``'s dtype and device, made once per size, dtype and
+    device (no operator on later calls): read it, never write into it."""
+    return _identity(n, like.dtype, like.device)
+
+
+def identity_beside_zeros(n: int, like: Tensor) -> Tensor:
+    """``[I, 0]`` (``n × 2n``) in ``like``'s dtype and device, made once (as :func:`identity`)."""
+    return _identity_beside_zeros(n, like.dtype, like.device)
+
+
+@functools.cache
+def _identity(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    with torch.inference_mode(False):  # so that autograd may save it
+        return torch.eye(n, dtype=dtype, device=device)
+
+
+@functools.cache
+def _identity_beside_zeros(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    eye = _identity(n, dtype, device)
+    with torch.inference_mode(False):
+        return torch.cat([eye, torch.zeros_like(eye)], -1)
+
+
 @functools.cache
 def _taylor_coefficients(dtype: torch.dtype, device: torch.device) -> Tensor:
     """``c[j, i] = 1 / (4j + i)!`` (``3 × 4``), the Taylor coefficients of :func:`_expm`'s
@@ -328,10 +352,13 @@ def _expm(A: Tensor, bound: int) -> tuple[Tensor, Tensor]:
     is not finite; those matrices come out ``NaN``)."""
     norm = A.detach().abs().sum(-2).amax(-1)[..., None, None]  # ‖Aᵢ‖₁, (..., 1, 1)
     failed = ~(norm <= _TAYLOR_THETA * 2.0**bound)  # NaN fails too
-    # sᵢ, and NaN where it fails: the matrix's scaling, so its result, is then NaN
-    s = torch.where(failed, torch.nan, (norm / _TAYLOR_THETA).log2().ceil().clamp(0, bound))
-    B = A * torch.exp2(-s)
-    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device).expand_as(A)
+    if bound == 0:  # no scaling: A itself, or NaN where it fails
+        B = torch.where(failed, torch.nan, A)
+    else:
+        # sᵢ, and NaN where it fails: the matrix's scaling, so its result, is then NaN
+        s = torch.where(failed, torch.nan, (norm / _TAYLOR_THETA).log2().ceil().clamp(0, bound))
+        B = A * torch.exp2(-s)
+    eye = identity(A.shape[-1], A).expand_as(A)
     B2 = B @ B
     B3 = B2 @ B
     B4 = B2 @ B2

@@ -239,6 +239,31 @@ def test_expm_equals_the_batch_shared_squarings_to_rounding(seed, k):
     assert torch.equal(expm(one), _old_expm(one))
 
 
+@given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 6), batch=st.integers(1, 4))
+def test_expm_without_squarings_is_the_scaled_path_and_nan_beyond_it(seed, k, batch):
+    """``squarings=0`` skips the scaling (``A`` itself): bit for bit the values and gradients
+    of the path with squarings allowed wherever a matrix needs none (``‖A‖₁ ≤ θ``), and
+    ``NaN`` for a matrix that needs some, its failure recorded inside deferred checks."""
+    g = gen(seed)
+    A = torch.randn(batch, k, k, generator=g, dtype=torch.float64)
+    A = A / A.abs().sum(-2).amax(-1)[..., None, None] * 0.49
+    A[0] *= 3.0  # needs squarings
+
+    def run(squarings):
+        a = A.clone().requires_grad_()
+        with DeferredChecks(factorisations=False) as checks:
+            E = expm(a, squarings)
+        (E.nan_to_num() ** 2).sum().backward()
+        assert a.grad is not None
+        return E.detach(), a.grad, checks.failed()
+
+    E0, grad0, failed0 = run(0)
+    E3, grad3, failed3 = run(3)
+    assert failed0 is not None and bool(failed0) and failed3 is not None and not bool(failed3)
+    assert E0[0].isnan().all() and torch.equal(E0[1:], E3[1:])
+    assert torch.equal(grad0[1:], grad3[1:])
+
+
 def test_expm_gradient_flows():
     """``gradcheck`` in float64 through the masked squarings, with a batch whose matrices
     need 0, 1 and 3 squarings, inside a block and outside."""
@@ -302,12 +327,13 @@ def test_expm_of_empty_and_zero_matrices():
 
 
 def test_expm_first_called_in_inference_mode_still_differentiates():
-    """The Taylor coefficients are made once per dtype and device; made under
+    """The Taylor coefficients and the identity are made once per dtype and device; made under
     ``torch.inference_mode`` they must still be usable in a graph that autograd differentiates
     (the gradient against ``torch.linalg.matrix_exp``'s)."""
     from quotientgeo import linalg
 
     linalg._taylor_coefficients.cache_clear()
+    linalg._identity.cache_clear()
     gen = torch.Generator().manual_seed(0)
     A = 0.5 * torch.randn(3, 4, 4, generator=gen, dtype=torch.float64)
     with torch.inference_mode():

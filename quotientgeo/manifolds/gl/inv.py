@@ -87,7 +87,8 @@ class InvTotalSpace(GLTotalSpace):
         bound, speed = speed_bound(), None
         if bound is not None and not isinstance(t, Tensor) and abs(t) <= 1:
             speed = bound * abs(t)
-        t = self._times(t, p, u)
+        if isinstance(t, Tensor):
+            t = self._times(t, p, u)
         (G, H), (uG, uH) = self.split(p), self.split(u)
         LP, LQ = self.cholesky_factors(p)
         LP_inv, LQ_inv = p.cached("cholesky_inv", lambda: (lower_inverse(LP), lower_inverse(LQ)))
@@ -196,11 +197,17 @@ def inv_geodesics(
         return [inv_geodesics([f], t, velocity, speed)[0] for f in factors]
     h = factors[0][0].shape[-1]
     s_M, s_X = (None, None) if speed is None else squarings_at_speed(h, speed)
-    E = expm(t * torch.stack([part[0] for part in parts]), s_M)[..., :h]
-    Xt = expm(t * mT(torch.stack([part[1] for part in parts])), s_X)
+
+    def times_t(A: Tensor) -> Tensor:
+        return A if isinstance(t, (int, float)) and t == 1 else t * A
+
+    E = expm(times_t(torch.stack([part[0] for part in parts])), s_M)[..., :h]
+    Xt = expm(times_t(mT(torch.stack([part[1] for part in parts]))), s_X)
     return [
-        _moved(F, xi, L, *part[1:], E[i], Xt[i], velocity)
-        for i, ((F, xi, L, _), part) in enumerate(zip(factors, parts, strict=True))
+        _moved(F, xi, L, *part[1:], E_i, Xt_i, velocity)
+        for (F, xi, L, _), part, E_i, Xt_i in zip(
+            factors, parts, E.unbind(0), Xt.unbind(0), strict=True
+        )
     ]
 
 
@@ -227,7 +234,7 @@ def squarings_at_speed(h: int, speed: float) -> tuple[int, int]:
 
 
 def _generators(F: Tensor, xi: Tensor, L_inv: Tensor):
-    """``(M_balanced, X, W⊥ᵀW⊥, d, L⁻¹)`` of :func:`inv_geodesic`."""
+    """``(M_balanced, X, W⊥ᵀW⊥, σ, L⁻¹)`` of :func:`inv_geodesic`."""
     h = F.shape[-1]
 
     def congruence(A: Tensor) -> Tensor:  # L⁻¹ A L⁻ᵀ
@@ -235,29 +242,26 @@ def _generators(F: Tensor, xi: Tensor, L_inv: Tensor):
 
     X = congruence(mT(F) @ xi)
     S2 = congruence(mT(xi) @ xi) - mT(X) @ X
-    # balance M by the similarity diag(I, d·I) (same expm[:, :h] up to the factor d on the
-    # bottom block): its norm drops from ≥ 1 to the size of the velocity; d is a constant
+    # balance M by the similarity diag(I, σI), M_b = [[X - Xᵀ, -W⊥ᵀW⊥ / σ], [σI, 0]] (the
+    # same expm[:, :h] up to the factor 1/σ on the bottom block): its norm drops from ≥ 1 to
+    # the size of the velocity; σ is a constant
     sigma = torch.linalg.matrix_norm(S2.detach()).sqrt().clamp_min(1e-3)[..., None, None]
-    d = 1.0 / sigma
-    eye = torch.eye(h, dtype=X.dtype, device=X.device).expand_as(X)
-    M = torch.cat(
-        [torch.cat([X - mT(X), -S2 * d], -1), torch.cat([sigma * eye, torch.zeros_like(X)], -1)], -2
-    )
-    return M, X, S2, d, L_inv
+    top = torch.cat([X - mT(X), S2 / -sigma], -1)
+    return torch.cat([top, sigma * linalg.identity_beside_zeros(h, X)], -2), X, S2, sigma, L_inv
 
 
 def _moved(
-    F: Tensor, xi: Tensor, L: Tensor, X: Tensor, S2: Tensor, d: Tensor, L_inv: Tensor,
+    F: Tensor, xi: Tensor, L: Tensor, X: Tensor, S2: Tensor, sigma: Tensor, L_inv: Tensor,
     E: Tensor, Xt: Tensor, velocity: bool = True,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """``(F(t), F'(t))`` of :func:`inv_geodesic` from ``E = expm(t M_balanced)[:, :h]`` and
     ``Xt = expm(t Xᵀ)`` (``F'(t)`` only with ``velocity``, else ``None``)."""
     h = F.shape[-1]
-    E = torch.cat([E[..., :h, :], d * E[..., h:, :]], -2)  # expm(t M_unbalanced)[:, :h]
-    Y = E @ Xt
+    E1, E2 = E.split(h, -2)
+    Y = torch.cat([E1, E2 / sigma], -2) @ Xt  # expm(t M_unbalanced)[:, :h] expm(tXᵀ)
 
     def point(Y: Tensor) -> Tensor:  # [F, ξ] [[R⁻¹, -R⁻¹X], [0, R⁻¹]] Y R with R = Lᵀ
-        Y1, Y2 = Y[..., :h, :], Y[..., h:, :]
+        Y1, Y2 = Y.split(h, -2)
         A = mT(L_inv) @ (Y1 - X @ Y2) @ mT(L)
         B = mT(L_inv) @ Y2 @ mT(L)
         return F @ A + xi @ B
