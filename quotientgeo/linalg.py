@@ -315,26 +315,15 @@ def expm(A: Tensor, squarings: int | None = None) -> Tensor:
 
 def identity(n: int, like: Tensor) -> Tensor:
     """The ``n × n`` identity in ``like``'s dtype and device, made once per size, dtype and
-    device (no operator on later calls): read it, never write into it."""
+    device (no operator on later calls; its first ``k`` rows are ``[I, 0]``, a view): read it,
+    never write into it."""
     return _identity(n, like.dtype, like.device)
-
-
-def identity_beside_zeros(n: int, like: Tensor) -> Tensor:
-    """``[I, 0]`` (``n × 2n``) in ``like``'s dtype and device, made once (as :func:`identity`)."""
-    return _identity_beside_zeros(n, like.dtype, like.device)
 
 
 @functools.cache
 def _identity(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     with torch.inference_mode(False):  # so that autograd may save it
         return torch.eye(n, dtype=dtype, device=device)
-
-
-@functools.cache
-def _identity_beside_zeros(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    eye = _identity(n, dtype, device)
-    with torch.inference_mode(False):
-        return torch.cat([eye, torch.zeros_like(eye)], -1)
 
 
 @functools.cache

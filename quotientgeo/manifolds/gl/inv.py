@@ -247,7 +247,8 @@ def _generators(F: Tensor, xi: Tensor, L_inv: Tensor):
     # the size of the velocity; σ is a constant
     sigma = torch.linalg.matrix_norm(S2.detach()).sqrt().clamp_min(1e-3)[..., None, None]
     top = torch.cat([X - mT(X), S2 / -sigma], -1)
-    return torch.cat([top, sigma * linalg.identity_beside_zeros(h, X)], -2), X, S2, sigma, L_inv
+    bottom = sigma * linalg.identity(2 * h, X)[:h]  # σ [I, 0]
+    return torch.cat([top, bottom], -2), X, S2, sigma, L_inv
 
 
 def _moved(
@@ -268,12 +269,13 @@ def _moved(
 
     if not velocity:
         return point(Y), None
-    eye = torch.eye(h, dtype=X.dtype, device=X.device).expand_as(X)
-    M = torch.cat([torch.cat([X - mT(X), -S2], -1), torch.cat([eye, torch.zeros_like(X)], -1)], -2)
+    bottom = linalg.identity(2 * h, X)[:h].expand(*X.shape[:-2], h, 2 * h)  # [I, 0]
+    M = torch.cat([torch.cat([X - mT(X), -S2], -1), bottom], -2)
     return point(Y), point(M @ Y + Y @ mT(X))
 
 
 def lower_inverse(L: Tensor) -> Tensor:
     """``L⁻¹`` of a lower triangular ``L`` (one triangular solve against the identity)."""
-    eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand_as(L)
-    return torch.linalg.solve_triangular(L, eye, upper=False)
+    return torch.linalg.solve_triangular(
+        L, linalg.identity(L.shape[-1], L).expand_as(L), upper=False
+    )
