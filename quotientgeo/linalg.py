@@ -353,9 +353,10 @@ def _expm(A: Tensor, bound: int) -> tuple[Tensor, Tensor]:
     B4 = B2 @ B2
     # q_j = c₄ⱼ I + c₄ⱼ₊₁ B + c₄ⱼ₊₂ B² + c₄ⱼ₊₃ B³ for j = 0, 1, 2: one contraction of the powers
     q = torch.tensordot(_taylor_coefficients(A.dtype, A.device), torch.stack([eye, B, B2, B3]), 1)
-    E = torch.add(q[2], B4, alpha=1.0 / math.factorial(12))
-    E = q[1] + B4 @ E
-    E = q[0] + B4 @ E
+    q0, q1, q2 = q.unbind(0)  # its backward is one stack, where indexing's is one op each
+    E = torch.add(q2, B4, alpha=1.0 / math.factorial(12))
+    E = q1 + B4 @ E
+    E = q0 + B4 @ E
     if bound:
         square = s > torch.arange(bound, dtype=s.dtype, device=s.device)  # (..., 1, S)
         # E ← E · (E or I): the same values as where(square, E E, E) (a product with I is

@@ -232,13 +232,22 @@ def _gather_stacked(found: list[Block], tensors: Mapping[str, Tensor], dtype) ->
 
 
 def _write_stacked(found: list[Block], points: Tensor, tensors: Mapping[str, Tensor]) -> None:
-    """:func:`write_blocks_` of congruent blocks: each region of every block written in one
-    ``_foreach_copy_``."""
+    """:func:`write_blocks_` of congruent blocks: every region of every block written in one
+    ``_foreach_copy_``, from views of ``points`` into its heads' factors as views of the
+    parameters (:meth:`Region.factor_parts`, as :func:`_gather_stacked` reads them): no copy in
+    between."""
     first = found[0]
-    y = points.reshape(len(found), first.heads, *points.shape[1:])
-    for j, value in enumerate(_split_regions(y, first)):  # (n, *region)
-        targets = [b.regions[j].of(tensors[b.regions[j].name]) for b in found]
-        torch._foreach_copy_(targets, list(value.to(targets[0].dtype).unbind(0)))  # pyright: ignore[reportPrivateImportUsage]
+    heads = first.heads
+    y, start = points.view(len(found), heads, *points.shape[1:]), 0
+    targets: list[Tensor] = []
+    sources: list[Tensor] = []
+    for j, r in enumerate(first.regions):
+        source = y[:, :, start : start + r.k].unflatten(-2, (r.group, r.k // r.group))
+        sources += source.unbind(0)
+        regions = [b.regions[j].of(tensors[b.regions[j].name]) for b in found]
+        targets += [r.factor_parts(region, heads) for region in regions]
+        start += r.k
+    torch._foreach_copy_(targets, sources)  # pyright: ignore[reportPrivateImportUsage]
 
 
 def _split_regions(y: Tensor, block) -> list[Tensor]:

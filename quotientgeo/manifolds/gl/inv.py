@@ -90,10 +90,10 @@ class InvTotalSpace(GLTotalSpace):
         if isinstance(t, Tensor):
             t = self._times(t, p, u)
         (G, H), (uG, uH) = self.split(p), self.split(u)
-        LP, LQ = self.cholesky_factors(p)
-        LP_inv, LQ_inv = p.cached("cholesky_inv", lambda: (lower_inverse(LP), lower_inverse(LQ)))
+        L = p.cached("cholesky_stacked", lambda: torch.stack(self.cholesky_factors(p)))
+        L_inv = p.cached("cholesky_stacked_inv", lambda: lower_inverse(L))
         (G1, dG), (H1, dH) = inv_geodesics(
-            [(G, uG, LP, LP_inv), (H, uH, LQ, LQ_inv)], t, velocity=velocity, speed=speed
+            [(G, uG), (H, uH)], L, t, velocity=velocity, speed=speed, L_inv=L_inv
         )
         if dG is None or dH is None:
             return self.join(G1, H1), None
@@ -170,45 +170,50 @@ def inv_geodesic(
     ``n × h`` products with ``h × h`` coefficients, and the map is smooth in ``ξ``, also where
     ``W⊥ = 0`` (a velocity inside the column space) and at ``ξ = 0``.
     """
-    point, velocity = inv_geodesics([(F, xi, L, L_inv)], t)[0]
+    stacked_inv = None if L_inv is None else L_inv[None]
+    ((point, velocity),) = inv_geodesics([(F, xi)], L[None], t, L_inv=stacked_inv)
     assert velocity is not None
     return point, velocity
 
 
 def inv_geodesics(
-    factors: Sequence[tuple[Tensor, Tensor, Tensor, Tensor | None]],
+    factors: Sequence[tuple[Tensor, Tensor]],
+    L: Tensor,
     t: Tensor | float = 1.0,
     velocity: bool = True,
     speed: float | None = None,
+    L_inv: Tensor | None = None,
 ) -> list[tuple[Tensor, Tensor | None]]:
-    """:func:`inv_geodesic` of several factors ``(F, ξ, L, L_inv)`` at once: where their
-    ``h × h`` matrices have one shape (the two factors of one point), the matrix exponentials
-    of all of them are two batched calls of :func:`~quotientgeo.linalg.expm`. Without
-    ``velocity``, ``F'(t)`` is not formed (``None``).
+    """:func:`inv_geodesic` of several factors ``(F, ξ)`` at once, factors that share their
+    leading dimensions and ``h`` (the two factors of one point; their row counts may differ):
+    ``L`` their Cholesky factors stacked, ``(len(factors), ..., h, h)`` (``L_inv`` the same of
+    their inverses, computed if not given). Every ``h × h`` step is one batched operator for
+    all of them, the two matrix exponentials included; only the products with ``F`` and ``ξ``
+    (``Fᵀξ``, ``ξᵀξ`` and ``F A + ξ B``) are taken factor by factor. Without ``velocity``,
+    ``F'(t)`` is not formed (``None``).
 
     ``speed``: a bound on every factor's ``ν = |t| ‖ξ L⁻ᵀ‖_F`` (its speed in the metric), from
     which the exponentials take their squarings (:func:`squarings_at_speed`); ``None``:
     :func:`~quotientgeo.linalg.expm`'s own choice."""
-    parts = [
-        _generators(F, xi, lower_inverse(L) if L_inv is None else L_inv)
-        for F, xi, L, L_inv in factors
-    ]
-    if len({part[0].shape for part in parts}) > 1:  # nothing to batch
-        return [inv_geodesics([f], t, velocity, speed)[0] for f in factors]
-    h = factors[0][0].shape[-1]
+    L_inv = lower_inverse(L) if L_inv is None else L_inv
+    h = L.shape[-1]
+    FtXi = torch.stack([mT(F) @ xi for F, xi in factors])
+    XitXi = torch.stack([mT(xi) @ xi for _, xi in factors])
+    M, X, S2, sigma = _generators(FtXi, XitXi, L_inv)
     s_M, s_X = (None, None) if speed is None else squarings_at_speed(h, speed)
 
     def times_t(A: Tensor) -> Tensor:
         return A if isinstance(t, (int, float)) and t == 1 else t * A
 
-    E = expm(times_t(torch.stack([part[0] for part in parts])), s_M)[..., :h]
-    Xt = expm(times_t(mT(torch.stack([part[1] for part in parts]))), s_X)
-    return [
-        _moved(F, xi, L, *part[1:], E_i, Xt_i, velocity)
-        for (F, xi, L, _), part, E_i, Xt_i in zip(
-            factors, parts, E.unbind(0), Xt.unbind(0), strict=True
-        )
-    ]
+    E1, E2 = expm(times_t(M), s_M)[..., :h].split(h, -2)  # expm(t M_balanced)[:, :h]
+    Y = torch.cat([E1, E2 / sigma], -2) @ expm(times_t(mT(X)), s_X)
+    points = _combinations(factors, _coefficients(Y, X, L, L_inv))
+    if not velocity:
+        return [(point, None) for point in points]
+    bottom = linalg.identity(2 * h, X)[:h].expand(*X.shape[:-2], h, 2 * h)  # [I, 0]
+    M = torch.cat([torch.cat([X - mT(X), -S2], -1), bottom], -2)
+    velocities = _combinations(factors, _coefficients(M @ Y + Y @ mT(X), X, L, L_inv))
+    return list(zip(points, velocities, strict=True))
 
 
 #: The relative slack of :func:`squarings_at_speed`'s bound: a velocity scaled to the bound
@@ -233,45 +238,42 @@ def squarings_at_speed(h: int, speed: float) -> tuple[int, int]:
     return s_M, s_X
 
 
-def _generators(F: Tensor, xi: Tensor, L_inv: Tensor):
-    """``(M_balanced, X, W⊥ᵀW⊥, σ, L⁻¹)`` of :func:`inv_geodesic`."""
-    h = F.shape[-1]
+def _generators(FtXi: Tensor, XitXi: Tensor, L_inv: Tensor):
+    """``(M_balanced, X, W⊥ᵀW⊥, σ)`` of :func:`inv_geodesic` from ``Fᵀξ``, ``ξᵀξ`` and ``L⁻¹``."""
+    h = L_inv.shape[-1]
 
     def congruence(A: Tensor) -> Tensor:  # L⁻¹ A L⁻ᵀ
         return L_inv @ A @ mT(L_inv)
 
-    X = congruence(mT(F) @ xi)
-    S2 = congruence(mT(xi) @ xi) - mT(X) @ X
+    X = congruence(FtXi)
+    S2 = congruence(XitXi) - mT(X) @ X
     # balance M by the similarity diag(I, σI), M_b = [[X - Xᵀ, -W⊥ᵀW⊥ / σ], [σI, 0]] (the
     # same expm[:, :h] up to the factor 1/σ on the bottom block): its norm drops from ≥ 1 to
     # the size of the velocity; σ is a constant
     sigma = torch.linalg.matrix_norm(S2.detach()).sqrt().clamp_min(1e-3)[..., None, None]
     top = torch.cat([X - mT(X), S2 / -sigma], -1)
     bottom = sigma * linalg.identity(2 * h, X)[:h]  # σ [I, 0]
-    return torch.cat([top, bottom], -2), X, S2, sigma, L_inv
+    return torch.cat([top, bottom], -2), X, S2, sigma
 
 
-def _moved(
-    F: Tensor, xi: Tensor, L: Tensor, X: Tensor, S2: Tensor, sigma: Tensor, L_inv: Tensor,
-    E: Tensor, Xt: Tensor, velocity: bool = True,
-) -> tuple[Tensor, Tensor | None]:  # fmt: skip
-    """``(F(t), F'(t))`` of :func:`inv_geodesic` from ``E = expm(t M_balanced)[:, :h]`` and
-    ``Xt = expm(t Xᵀ)`` (``F'(t)`` only with ``velocity``, else ``None``)."""
-    h = F.shape[-1]
-    E1, E2 = E.split(h, -2)
-    Y = torch.cat([E1, E2 / sigma], -2) @ Xt  # expm(t M_unbalanced)[:, :h] expm(tXᵀ)
+def _coefficients(Y: Tensor, X: Tensor, L: Tensor, L_inv: Tensor) -> tuple[Tensor, Tensor]:
+    """``(A, B)`` with ``[F, ξ] [[R⁻¹, -R⁻¹X], [0, R⁻¹]] Y R = F A + ξ B`` (``R = Lᵀ``), all
+    factors at once."""
+    Y1, Y2 = Y.split(X.shape[-1], -2)
+    A = mT(L_inv) @ (Y1 - X @ Y2) @ mT(L)
+    B = mT(L_inv) @ Y2 @ mT(L)
+    return A, B
 
-    def point(Y: Tensor) -> Tensor:  # [F, ξ] [[R⁻¹, -R⁻¹X], [0, R⁻¹]] Y R with R = Lᵀ
-        Y1, Y2 = Y.split(h, -2)
-        A = mT(L_inv) @ (Y1 - X @ Y2) @ mT(L)
-        B = mT(L_inv) @ Y2 @ mT(L)
-        return F @ A + xi @ B
 
-    if not velocity:
-        return point(Y), None
-    bottom = linalg.identity(2 * h, X)[:h].expand(*X.shape[:-2], h, 2 * h)  # [I, 0]
-    M = torch.cat([torch.cat([X - mT(X), -S2], -1), bottom], -2)
-    return point(Y), point(M @ Y + Y @ mT(X))
+def _combinations(
+    factors: Sequence[tuple[Tensor, Tensor]], coefficients: tuple[Tensor, Tensor]
+) -> list[Tensor]:
+    """``F A + ξ B`` factor by factor."""
+    A, B = coefficients
+    return [
+        F @ A_i + xi @ B_i
+        for (F, xi), A_i, B_i in zip(factors, A.unbind(0), B.unbind(0), strict=True)
+    ]
 
 
 def lower_inverse(L: Tensor) -> Tensor:
