@@ -90,8 +90,9 @@ class InvTotalSpace(GLTotalSpace):
         if isinstance(t, Tensor):
             t = self._times(t, p, u)
         (G, H), (uG, uH) = self.split(p), self.split(u)
-        L = p.cached("cholesky_stacked", lambda: torch.stack(self.cholesky_factors(p)))
-        L_inv = p.cached("cholesky_stacked_inv", lambda: lower_inverse(L))
+        # the factors stacked anew on each call: a cached stack would be a second copy of them
+        L = torch.stack(self.cholesky_factors(p))
+        L_inv = p.cached("cholesky_inverses", lambda: lower_inverse(L))
         (G1, dG), (H1, dH) = inv_geodesics(
             [(G, uG), (H, uH)], L, t, velocity=velocity, speed=speed, L_inv=L_inv
         )
