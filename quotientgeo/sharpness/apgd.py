@@ -22,6 +22,7 @@ Nothing here knows about models or batches.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Protocol
@@ -82,21 +83,30 @@ def step_coefficients(K: Tensor, eta: float, rho: float, *, first: bool) -> Tens
 
     ``y = ξ_k + η g / ||g||``, ``z = y · min(1, ρ / ||y||)``; the first step is ``z``, a later
     one ``u · min(1, ρ / ||u||)`` with ``u = α z + (1-α)(2 ξ_k - ξ_{k-1})``; the norms are
-    ``sqrt(cᵀ K c)``. Tensors on ``K``'s device: no host synchronisation.
+    ``sqrt(cᵀ K c)``, and ``min(1, ρ / ||c||) = max(cᵀ K c / ρ², 1)^(-1/2)``. Tensors on
+    ``K``'s device: no host synchronisation.
     """
 
     def into_ball(c: Tensor) -> Tensor:
-        norm = (c @ K @ c).clamp_min(0).sqrt()
-        return c * (rho / norm).clamp(max=1.0)
+        return c * (c @ K @ c).mul(1.0 / rho**2).clamp_min(1.0).rsqrt()
 
+    first_axis, last_axis, momentum = _constants(K.dtype, K.device)
     step = eta / (K[2, 2].clamp_min(0).sqrt() + torch.finfo(K.dtype).tiny)
-    one, zero = torch.ones((), dtype=K.dtype, device=K.device), K.new_zeros(())
-    z = into_ball(torch.stack([one, zero, step]))
+    z = into_ball(torch.addcmul(first_axis, step, last_axis))  # (1, 0, step)
     if first:
         return z
+    return into_ball(torch.add(momentum, z, alpha=MOMENTUM))
+
+
+@functools.cache
+def _constants(dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """``(1, 0, 0)``, ``(0, 0, 1)`` and the momentum's ``(1-α)(2, -1, 0)``: made once per dtype
+    and device (a copy to a GPU would make the host wait), outside inference mode so that
+    autograd may save them."""
     a = MOMENTUM
-    momentum = torch.tensor([2 * (1 - a), -(1 - a), 0.0], dtype=K.dtype, device=K.device)
-    return into_ball(a * z + momentum)
+    values = [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [2 * (1 - a), -(1 - a), 0.0]]
+    with torch.inference_mode(False):
+        return tuple(torch.tensor(values, dtype=dtype, device=device).unbind(0))
 
 
 def auto_pgd(
