@@ -23,7 +23,7 @@ from quotientgeo.linalg import DEFERRED_SQUARINGS, DeferredChecks, mT
 from quotientgeo.manifolds import GLTotalSpace
 from quotientgeo.manifolds.base import speeds_at_most
 from quotientgeo.manifolds.gl import total as total_module
-from quotientgeo.manifolds.gl.inv import inv_geodesic, squarings_at_speed
+from quotientgeo.manifolds.gl.inv import inv_geodesic, inv_geodesics, squarings_at_speed
 from quotientgeo.manifolds.ode import MAX_STEPS, LeftManifold, controlled, rk4, rtol_for, steps_for
 from quotientgeo.testing.numerics import conditioned, gen, rel_err, tol
 from quotientgeo.testing.strategies import gl_cases
@@ -257,6 +257,32 @@ def test_inv_closed_form_velocity_in_the_column_space_and_zero(seed):
     assert rel_err(y - F, m.split(y_ref)[0] - F) <= 1e-10
     y0, w0 = inv_geodesic(F, torch.zeros_like(F), L)
     assert torch.allclose(y0, F, rtol=0, atol=1e-14) and bool((w0 == 0).all())
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    lead=st.sampled_from([(), (3,), (2, 2)]),
+    rows=st.tuples(st.integers(3, 8), st.integers(3, 8)),
+    h=st.integers(1, 3),
+    t=st.sampled_from([1.0, 0.7, -0.4]),
+)
+def test_inv_geodesics_of_two_factors_equal_each_factor_alone(seed, lead, rows, h, t):
+    """The factors of one point batched (every ``h × h`` step once for both, row counts apart)
+    give each factor's own geodesic, point and velocity, to rounding."""
+    g = gen(seed)
+    Fs = [conditioned(lead, n, h, 4.0, g) for n in rows]
+    xis = [0.4 * torch.randn(F.shape, generator=g, dtype=F.dtype) for F in Fs]
+    Ls = [torch.linalg.cholesky(mT(F) @ F) for F in Fs]
+    together = inv_geodesics(list(zip(Fs, xis, strict=True)), torch.stack(Ls), t)
+    for F, xi, L, (point, velocity) in zip(Fs, xis, Ls, together, strict=True):
+        alone, alone_velocity = inv_geodesic(F, xi, L, t)
+        assert velocity is not None and point.shape == F.shape
+        assert rel_err(point, alone) <= 1e-13 and rel_err(velocity, alone_velocity) <= 1e-13
+    points = inv_geodesics(list(zip(Fs, xis, strict=True)), torch.stack(Ls), t, velocity=False)
+    assert all(
+        v is None and torch.equal(p, q) for (p, v), (q, _) in zip(points, together, strict=True)
+    )
 
 
 @pytest.mark.parametrize("seed", range(2))
