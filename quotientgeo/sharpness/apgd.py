@@ -106,7 +106,8 @@ def _constants(dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor
     a = MOMENTUM
     values = [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [2 * (1 - a), -(1 - a), 0.0]]
     with torch.inference_mode(False):
-        return tuple(torch.tensor(values, dtype=dtype, device=device).unbind(0))
+        first_axis, last_axis, momentum = torch.tensor(values, dtype=dtype, device=device)
+    return first_axis, last_axis, momentum
 
 
 def auto_pgd(
