@@ -238,7 +238,7 @@ def _write_stacked(found: list[Block], points: Tensor, tensors: Mapping[str, Ten
     between."""
     first = found[0]
     heads = first.heads
-    y, start = points.view(len(found), heads, *points.shape[1:]), 0
+    y, start = points.reshape(len(found), heads, *points.shape[1:]), 0
     targets: list[Tensor] = []
     sources: list[Tensor] = []
     for j, r in enumerate(first.regions):
