@@ -326,14 +326,24 @@ def _identity(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
         return torch.eye(n, dtype=dtype, device=device)
 
 
+def constant(values: tuple, like: Tensor) -> Tensor:
+    """``torch.tensor(values)`` in ``like``'s dtype and device, made once per values, dtype and
+    device (a copy to a GPU would make the host wait), outside inference mode so that autograd
+    may save it: read it, never write into it. ``values``: numbers or nested tuples of them."""
+    return _constant(values, like.dtype, like.device)
+
+
 @functools.cache
-def _taylor_coefficients(dtype: torch.dtype, device: torch.device) -> Tensor:
-    """``c[j, i] = 1 / (4j + i)!`` (``3 × 4``), the Taylor coefficients of :func:`_expm`'s
-    Paterson–Stockmeyer groups; made once per dtype and device (a copy to a GPU would make the
-    host wait), outside inference mode so that autograd may save them."""
-    c = [[1.0 / math.factorial(4 * j + i) for i in range(4)] for j in range(3)]
+def _constant(values: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
     with torch.inference_mode(False):
-        return torch.tensor(c, dtype=dtype, device=device)
+        return torch.tensor(values, dtype=dtype, device=device)
+
+
+#: ``c[j, i] = 1 / (4j + i)!`` (``3 × 4``): the Taylor coefficients of :func:`_expm`'s
+#: Paterson–Stockmeyer groups.
+_TAYLOR_COEFFICIENTS = tuple(
+    tuple(1.0 / math.factorial(4 * j + i) for i in range(4)) for j in range(3)
+)
 
 
 def _expm(A: Tensor, bound: int) -> tuple[Tensor, Tensor]:
@@ -352,7 +362,7 @@ def _expm(A: Tensor, bound: int) -> tuple[Tensor, Tensor]:
     B3 = B2 @ B
     B4 = B2 @ B2
     # q_j = c₄ⱼ I + c₄ⱼ₊₁ B + c₄ⱼ₊₂ B² + c₄ⱼ₊₃ B³ for j = 0, 1, 2: one contraction of the powers
-    q = torch.tensordot(_taylor_coefficients(A.dtype, A.device), torch.stack([eye, B, B2, B3]), 1)
+    q = torch.tensordot(constant(_TAYLOR_COEFFICIENTS, A), torch.stack([eye, B, B2, B3]), 1)
     q0, q1, q2 = q.unbind(0)  # its backward is one stack, where indexing's is one op each
     E = torch.add(q2, B4, alpha=1.0 / math.factorial(12))
     E = q1 + B4 @ E

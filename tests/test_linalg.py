@@ -332,7 +332,7 @@ def test_expm_first_called_in_inference_mode_still_differentiates():
     (the gradient against ``torch.linalg.matrix_exp``'s)."""
     from quotientgeo import linalg
 
-    linalg._taylor_coefficients.cache_clear()
+    linalg._constant.cache_clear()
     linalg._identity.cache_clear()
     gen = torch.Generator().manual_seed(0)
     A = 0.5 * torch.randn(3, 4, 4, generator=gen, dtype=torch.float64)

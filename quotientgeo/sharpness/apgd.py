@@ -22,12 +22,13 @@ Nothing here knows about models or batches.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from typing import Protocol
 
 import torch
+
+from ..linalg import constant
 
 Tensor = torch.Tensor
 
@@ -35,6 +36,9 @@ __all__ = ["Iterates", "auto_pgd", "checkpoints", "step_coefficients"]
 
 MOMENTUM = 0.75
 MIN_UPDATE_RATIO = 0.75
+#: ``(1, 0, 0)``, ``(0, 0, 1)`` and the momentum's ``(1-α)(2, -1, 0)``: the step's constant
+#: coefficient vectors (:func:`step_coefficients`).
+_STEP_CONSTANTS = ((1.0, 0.0, 0.0), (0.0, 0.0, 1.0), (2 * (1 - MOMENTUM), -(1 - MOMENTUM), 0.0))
 
 
 class Iterates(Protocol):
@@ -90,24 +94,12 @@ def step_coefficients(K: Tensor, eta: float, rho: float, *, first: bool) -> Tens
     def into_ball(c: Tensor) -> Tensor:
         return c * (c @ K @ c).mul(1.0 / rho**2).clamp_min(1.0).rsqrt()
 
-    first_axis, last_axis, momentum = _constants(K.dtype, K.device)
+    first_axis, last_axis, momentum = constant(_STEP_CONSTANTS, K)
     step = eta / (K[2, 2].clamp_min(0).sqrt() + torch.finfo(K.dtype).tiny)
     z = into_ball(torch.addcmul(first_axis, step, last_axis))  # (1, 0, step)
     if first:
         return z
     return into_ball(torch.add(momentum, z, alpha=MOMENTUM))
-
-
-@functools.cache
-def _constants(dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    """``(1, 0, 0)``, ``(0, 0, 1)`` and the momentum's ``(1-α)(2, -1, 0)``: made once per dtype
-    and device (a copy to a GPU would make the host wait), outside inference mode so that
-    autograd may save them."""
-    a = MOMENTUM
-    values = [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [2 * (1 - a), -(1 - a), 0.0]]
-    with torch.inference_mode(False):
-        first_axis, last_axis, momentum = torch.tensor(values, dtype=dtype, device=device)
-    return first_axis, last_axis, momentum
 
 
 def auto_pgd(
