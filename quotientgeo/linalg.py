@@ -63,7 +63,7 @@ class DeferredChecks:
 
     def __init__(self, *, factorisations: bool = True):
         self.factorisations = factorisations
-        self.pending: list[tuple[Tensor, Callable[[], Exception]]] = []
+        self.pending: list[tuple[Tensor, Callable[[], Exception], bool]] = []
         self._tokens: list[contextvars.Token] = []
 
     def __enter__(self) -> DeferredChecks:
@@ -73,9 +73,10 @@ class DeferredChecks:
     def __exit__(self, *exc) -> None:
         _DEFERRED.reset(self._tokens.pop())
 
-    def record(self, flag: Tensor, error: Callable[[], Exception]) -> None:
-        """A check that failed where ``flag`` is nonzero, with the error it raises."""
-        self.pending.append((flag, error))
+    def record(self, flag: Tensor, error: Callable[[], Exception], *, held: bool = False) -> None:
+        """A check that failed where ``flag`` is nonzero (with ``held``: where it is zero, a
+        flag that is true where the check held), with the error it raises."""
+        self.pending.append((flag, error, held))
 
     def failed(self) -> Tensor | None:
         """Whether a recorded check failed (0-dim boolean on the device; ``None``: none
@@ -89,15 +90,18 @@ class DeferredChecks:
         failed = _any_failed(pending)
         if failed is None or not bool(failed):
             return
-        for flag, error in pending:
-            if bool(flag.any()):
+        for flag, error, held in pending:
+            if not bool(flag.all()) if held else bool(flag.any()):
                 raise error()
 
 
-def _any_failed(pending: list[tuple[Tensor, Callable[[], Exception]]]) -> Tensor | None:
-    if not pending:
-        return None
-    return torch.cat([flag.reshape(-1) for flag, _ in pending]).any()
+def _any_failed(pending: list[tuple[Tensor, Callable[[], Exception], bool]]) -> Tensor | None:
+    failed = [flag.reshape(-1) for flag, _, held in pending if not held]
+    held = [flag.reshape(-1) for flag, _, held in pending if held]
+    if not held:
+        return torch.cat(failed).any() if failed else None
+    any_failed = ~torch.cat(held).all()
+    return any_failed | torch.cat(failed).any() if failed else any_failed
 
 
 # the checks of the innermost entered :class:`DeferredChecks`
@@ -304,11 +308,11 @@ def expm(A: Tensor, squarings: int | None = None) -> Tensor:
             raise ValueError("expm: the matrix has non-finite entries")
         return _expm(A, expm_squarings(norm))[0]
     bound = DEFERRED_SQUARINGS if squarings is None else squarings
-    E, failed = _expm(A, bound)
+    E, held = _expm(A, bound)
     if checks is not None:
-        checks.record(failed, functools.partial(_expm_too_long, bound))
+        checks.record(held, functools.partial(_expm_too_long, bound), held=True)
         return E
-    if bool(failed.any()):  # outside any block: checked at once, and computed again
+    if not bool(held.all()):  # outside any block: checked at once, and computed again
         return expm(A)
     return E
 
@@ -326,7 +330,7 @@ def _identity(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
         return torch.eye(n, dtype=dtype, device=device)
 
 
-def constant(values: tuple, like: Tensor) -> Tensor:
+def constant(values: float | tuple, like: Tensor) -> Tensor:
     """``torch.tensor(values)`` in ``like``'s dtype and device, made once per values, dtype and
     device (a copy to a GPU would make the host wait), outside inference mode so that autograd
     may save it: read it, never write into it. ``values``: numbers or nested tuples of them."""
@@ -334,7 +338,7 @@ def constant(values: tuple, like: Tensor) -> Tensor:
 
 
 @functools.cache
-def _constant(values: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
+def _constant(values: float | tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
     with torch.inference_mode(False):
         return torch.tensor(values, dtype=dtype, device=device)
 
@@ -347,15 +351,16 @@ _TAYLOR_COEFFICIENTS = tuple(
 
 
 def _expm(A: Tensor, bound: int) -> tuple[Tensor, Tensor]:
-    """:func:`expm` with ``S = bound`` squarings, and where a matrix needs more than ``S`` (or
-    is not finite; those matrices come out ``NaN``)."""
-    norm = A.detach().abs().sum(-2).amax(-1)[..., None, None]  # ‖Aᵢ‖₁, (..., 1, 1)
-    failed = ~(norm <= _TAYLOR_THETA * 2.0**bound)  # NaN fails too
+    """:func:`expm` with ``S = bound`` squarings, and where a matrix needs at most ``S`` (and
+    is finite; the others come out ``NaN``)."""
+    norm = torch.linalg.vector_norm(A.detach(), 1, -2).amax(-1)[..., None, None]  # ‖Aᵢ‖₁
+    held = norm <= _TAYLOR_THETA * 2.0**bound  # NaN fails
+    nan = constant(math.nan, A)
     if bound == 0:  # no scaling: A itself, or NaN where it fails
-        B = torch.where(failed, torch.nan, A)
+        B = torch.where(held, A, nan)
     else:
         # sᵢ, and NaN where it fails: the matrix's scaling, so its result, is then NaN
-        s = torch.where(failed, torch.nan, (norm / _TAYLOR_THETA).log2().ceil().clamp(0, bound))
+        s = torch.where(held, (norm / _TAYLOR_THETA).log2().ceil().clamp(0, bound), nan)
         B = A * torch.exp2(-s)
     eye = identity(A.shape[-1], A).expand_as(A)
     B2 = B @ B
@@ -365,15 +370,31 @@ def _expm(A: Tensor, bound: int) -> tuple[Tensor, Tensor]:
     q = torch.tensordot(constant(_TAYLOR_COEFFICIENTS, A), torch.stack([eye, B, B2, B3]), 1)
     q0, q1, q2 = q.unbind(0)  # its backward is one stack, where indexing's is one op each
     E = torch.add(q2, B4, alpha=1.0 / math.factorial(12))
-    E = q1 + B4 @ E
-    E = q0 + B4 @ E
+    E = matmul_add(q1, B4, E)
+    E = matmul_add(q0, B4, E)
     if bound:
         square = s > torch.arange(bound, dtype=s.dtype, device=s.device)  # (..., 1, S)
         # E ← E · (E or I): the same values as where(square, E E, E) (a product with I is
         # exact), and a backward pass with one where and no zeros for the identity's branch
         for j in range(bound):
             E = E @ torch.where(square[..., j : j + 1], E, eye)
-    return E, failed.reshape(failed.shape[:-2])
+    return E, held.reshape(held.shape[:-2])
+
+
+def matmul_add(C: Tensor, A: Tensor, B: Tensor, *, beta: float = 1.0, alpha: float = 1.0) -> Tensor:
+    """``β C + α A B`` for matrices of the same leading dimensions (``(..., n, k)`` by
+    ``(..., k, m)``): one ``torch.baddbmm``, of views where the leading dimensions flatten
+    without a copy (a contiguous batch, or slices and transposes of one). Its backward pass
+    scales by ``β`` and ``α`` only where they are not 1."""
+    b = math.prod(C.shape[:-2])
+    out = torch.baddbmm(
+        C.reshape(b, *C.shape[-2:]),
+        A.reshape(b, *A.shape[-2:]),
+        B.reshape(b, *B.shape[-2:]),
+        beta=beta,
+        alpha=alpha,
+    )
+    return out.view(C.shape)
 
 
 def haar_orthogonal(

@@ -19,6 +19,7 @@ from quotientgeo.linalg import (
     deferred_checks,
     expm,
     gram,
+    matmul_add,
     mT,
     solve_sylvester,
     sylvester_basis,
@@ -106,6 +107,62 @@ def test_deferred_checks_pass_exceptions_and_nest():
         cholesky(singular, "outer")
     with pytest.raises(ValueError, match="at once"):
         cholesky(singular, "at once")
+
+
+@given(
+    flags=st.lists(st.tuples(st.booleans(), st.booleans()), min_size=0, max_size=5),
+    batch=st.sampled_from(BATCHES),
+)
+def test_deferred_checks_of_both_polarities(flags, batch):
+    """Checks recorded as failure flags (nonzero where a check failed) and as ``held`` flags
+    (true where it held), in any mix: :meth:`DeferredChecks.failed` is whether any failed, and
+    :meth:`DeferredChecks.raise_failed` raises the first that failed, in recording order."""
+    checks = DeferredChecks()
+    for i, (held, fails) in enumerate(flags):
+        flag = torch.zeros(batch, dtype=torch.bool)
+        if fails:  # the last entry of the batch fails
+            flag.view(-1)[-1:] = True
+        if held:
+            flag = ~flag
+        checks.record(flag, lambda i=i: ValueError(f"check {i}"), held=held)
+    failing = [i for i, (_, fails) in enumerate(flags) if fails and math.prod(batch) > 0]
+    failed = checks.failed()
+    assert (failed is None) == (not flags)
+    if failed is not None:
+        assert bool(failed) == bool(failing)
+    if failing:
+        with pytest.raises(ValueError, match=f"check {failing[0]}$"):
+            checks.raise_failed()
+    else:
+        checks.raise_failed()
+    assert not checks.pending
+
+
+@given(
+    batch=st.sampled_from([(), (0,), (1,), (3,), (2, 3)]),
+    n=st.integers(1, 4),
+    k=st.integers(1, 4),
+    m=st.integers(1, 4),
+    beta=st.sampled_from([1.0, -1.0, 0.5]),
+    alpha=st.sampled_from([1.0, -1.0, 2.0]),
+    views=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_matmul_add(batch, n, k, m, beta, alpha, views, seed):
+    """``β C + α A B`` over any leading dimensions, in one operator where the inputs are a
+    contiguous batch or slices and transposes of one (no copy), to rounding in float64."""
+    g = gen(seed)
+    if views:  # C the top rows of a taller batch, A a transposed batch
+        C = torch.randn(*batch, n + 2, m, generator=g, dtype=torch.float64)[..., :n, :]
+        A = mT(torch.randn(*batch, k, n, generator=g, dtype=torch.float64))
+    else:
+        C = torch.randn(*batch, n, m, generator=g, dtype=torch.float64)
+        A = torch.randn(*batch, n, k, generator=g, dtype=torch.float64)
+    B = torch.randn(*batch, k, m, generator=g, dtype=torch.float64)
+    with CostCounter() as counter:
+        out = matmul_add(C, A, B, beta=beta, alpha=alpha)
+    assert counter.ops == 1
+    torch.testing.assert_close(out, beta * C + alpha * (A @ B), rtol=1e-14, atol=1e-14)
 
 
 @given(spd_pairs())

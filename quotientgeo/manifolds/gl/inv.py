@@ -198,22 +198,30 @@ def inv_geodesics(
     :func:`~quotientgeo.linalg.expm`'s own choice."""
     L_inv = lower_inverse(L) if L_inv is None else L_inv
     h = L.shape[-1]
-    FtXi = torch.stack([mT(F) @ xi for F, xi in factors])
-    XitXi = torch.stack([mT(xi) @ xi for _, xi in factors])
-    M, X, S2, sigma = _generators(FtXi, XitXi, L_inv)
+    # Fᵀξ and ξᵀξ of every factor, one stack
+    products = [mT(F) @ xi for F, xi in factors] + [mT(xi) @ xi for _, xi in factors]
+    FtXi, XitXi = torch.stack(products).view(2, *L.shape).unbind(0)
+    M, X, minus_S2, sigma = _generators(FtXi, XitXi, L_inv)
     s_M, s_X = (None, None) if speed is None else squarings_at_speed(h, speed)
 
     def times_t(A: Tensor) -> Tensor:
         return A if isinstance(t, (int, float)) and t == 1 else t * A
 
     E1, E2 = expm(times_t(M), s_M)[..., :h].split(h, -2)  # expm(t M_balanced)[:, :h]
-    Y = torch.cat([E1, E2 / sigma], -2) @ expm(times_t(mT(X)), s_X)
-    points = _combinations(factors, _coefficients(Y, X, L, L_inv))
+    E2 = E2 / sigma
+    E_X = expm(times_t(mT(X)), s_X)
+    # [Y₁ - X Y₂; Y₂] with Y = [E₁; E₂/σ] expm(tXᵀ)
+    rows = torch.cat([linalg.matmul_add(E1, X, E2, alpha=-1.0), E2], -2) @ E_X
+    points = _combinations(factors, _coefficients(rows, L, L_inv))
     if not velocity:
         return [(point, None) for point in points]
+    Y1, Y2 = rows.split(h, -2)
+    Y = torch.cat([linalg.matmul_add(Y1, X, Y2), Y2], -2)
     bottom = linalg.identity(2 * h, X)[:h].expand(*X.shape[:-2], h, 2 * h)  # [I, 0]
-    M = torch.cat([torch.cat([X - mT(X), -S2], -1), bottom], -2)
-    velocities = _combinations(factors, _coefficients(M @ Y + Y @ mT(X), X, L, L_inv))
+    M = torch.cat([torch.cat([X - mT(X), minus_S2], -1), bottom], -2)
+    V1, V2 = (M @ Y + Y @ mT(X)).split(h, -2)  # Y' = M Y + Y Xᵀ
+    rows = torch.cat([linalg.matmul_add(V1, X, V2, alpha=-1.0), V2], -2)
+    velocities = _combinations(factors, _coefficients(rows, L, L_inv))
     return list(zip(points, velocities, strict=True))
 
 
@@ -240,30 +248,32 @@ def squarings_at_speed(h: int, speed: float) -> tuple[int, int]:
 
 
 def _generators(FtXi: Tensor, XitXi: Tensor, L_inv: Tensor):
-    """``(M_balanced, X, W⊥ᵀW⊥, σ)`` of :func:`inv_geodesic` from ``Fᵀξ``, ``ξᵀξ`` and ``L⁻¹``."""
+    """``(M_balanced, X, -W⊥ᵀW⊥, σ)`` of :func:`inv_geodesic` from ``Fᵀξ``, ``ξᵀξ`` and
+    ``L⁻¹``."""
     h = L_inv.shape[-1]
 
     def congruence(A: Tensor) -> Tensor:  # L⁻¹ A L⁻ᵀ
         return L_inv @ A @ mT(L_inv)
 
     X = congruence(FtXi)
-    S2 = congruence(XitXi) - mT(X) @ X
+    # -W⊥ᵀW⊥ = XᵀX - L⁻¹ ξᵀξ L⁻ᵀ, the sign M takes, in one product
+    minus_S2 = linalg.matmul_add(congruence(XitXi), mT(X), X, beta=-1.0)
     # balance M by the similarity diag(I, σI), M_b = [[X - Xᵀ, -W⊥ᵀW⊥ / σ], [σI, 0]] (the
     # same expm[:, :h] up to the factor 1/σ on the bottom block): its norm drops from ≥ 1 to
     # the size of the velocity; σ is a constant
-    sigma = torch.linalg.matrix_norm(S2.detach()).sqrt().clamp_min(1e-3)[..., None, None]
-    top = torch.cat([X - mT(X), S2 / -sigma], -1)
+    sigma = torch.linalg.matrix_norm(minus_S2.detach()).sqrt().clamp_min(1e-3)[..., None, None]
+    top = torch.cat([X - mT(X), minus_S2 / sigma], -1)
     bottom = sigma * linalg.identity(2 * h, X)[:h]  # σ [I, 0]
-    return torch.cat([top, bottom], -2), X, S2, sigma
+    return torch.cat([top, bottom], -2), X, minus_S2, sigma
 
 
-def _coefficients(Y: Tensor, X: Tensor, L: Tensor, L_inv: Tensor) -> tuple[Tensor, Tensor]:
+def _coefficients(rows: Tensor, L: Tensor, L_inv: Tensor) -> tuple[Tensor, Tensor]:
     """``(A, B)`` with ``[F, ξ] [[R⁻¹, -R⁻¹X], [0, R⁻¹]] Y R = F A + ξ B`` (``R = Lᵀ``), all
-    factors at once."""
-    Y1, Y2 = Y.split(X.shape[-1], -2)
-    A = mT(L_inv) @ (Y1 - X @ Y2) @ mT(L)
-    B = mT(L_inv) @ Y2 @ mT(L)
-    return A, B
+    factors at once, from ``rows = [Y₁ - X Y₂; Y₂]``: ``A = R⁻¹ (Y₁ - X Y₂) R``,
+    ``B = R⁻¹ Y₂ R``."""
+    right = rows @ mT(L)  # both blocks times R in one product
+    top, bottom = right.split(L.shape[-1], -2)
+    return mT(L_inv) @ top, mT(L_inv) @ bottom
 
 
 def _combinations(
@@ -272,7 +282,7 @@ def _combinations(
     """``F A + ξ B`` factor by factor."""
     A, B = coefficients
     return [
-        F @ A_i + xi @ B_i
+        linalg.matmul_add(F @ A_i, xi, B_i)
         for (F, xi), A_i, B_i in zip(factors, A.unbind(0), B.unbind(0), strict=True)
     ]
 
