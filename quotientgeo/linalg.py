@@ -343,10 +343,12 @@ def _constant(values: float | tuple, dtype: torch.dtype, device: torch.device) -
         return torch.tensor(values, dtype=dtype, device=device)
 
 
-#: ``c[j, i] = 1 / (4j + i)!`` (``3 × 4``): the Taylor coefficients of :func:`_expm`'s
-#: Paterson–Stockmeyer groups.
+#: ``c[j, i] = 1 / (4j + i)!`` (``3 × 5``, ``i ≤ 3``, and ``c[2, 4] = 1 / 12!``): the Taylor
+#: coefficients of :func:`_expm`'s Paterson–Stockmeyer groups, the last one with the term of
+#: degree 12.
 _TAYLOR_COEFFICIENTS = tuple(
-    tuple(1.0 / math.factorial(4 * j + i) for i in range(4)) for j in range(3)
+    tuple(1.0 / math.factorial(4 * j + i) if i < 4 or j == 2 else 0.0 for i in range(5))
+    for j in range(3)
 )
 
 
@@ -366,10 +368,11 @@ def _expm(A: Tensor, bound: int) -> tuple[Tensor, Tensor]:
     B2 = B @ B
     B3 = B2 @ B
     B4 = B2 @ B2
-    # q_j = c₄ⱼ I + c₄ⱼ₊₁ B + c₄ⱼ₊₂ B² + c₄ⱼ₊₃ B³ for j = 0, 1, 2: one contraction of the powers
-    q = torch.tensordot(constant(_TAYLOR_COEFFICIENTS, A), torch.stack([eye, B, B2, B3]), 1)
-    q0, q1, q2 = q.unbind(0)  # its backward is one stack, where indexing's is one op each
-    E = torch.add(q2, B4, alpha=1.0 / math.factorial(12))
+    # q_j = c₄ⱼ I + c₄ⱼ₊₁ B + c₄ⱼ₊₂ B² + c₄ⱼ₊₃ B³ for j = 0, 1, 2, and q₂ + B⁴/12!: one
+    # contraction of the powers
+    powers = torch.stack([eye, B, B2, B3, B4])
+    q = torch.tensordot(constant(_TAYLOR_COEFFICIENTS, A), powers, 1)
+    q0, q1, E = q.unbind(0)  # its backward is one stack, where indexing's is one op each
     E = matmul_add(q1, B4, E)
     E = matmul_add(q0, B4, E)
     if bound:
