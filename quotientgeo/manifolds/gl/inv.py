@@ -144,10 +144,9 @@ def _gamma(
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """``(C_F, C_u, C_v)`` of one factor from ``uF = u_Fᵀ F``, ``vF = v_Fᵀ F``, ``uv = u_Fᵀ v_F``;
     for ``same`` (``v is u``) the two last terms are one and ``C_v`` is ``None``."""
-    Su = W_inv @ sym(uF)
-    if same:
-        return W_inv @ uv, -2 * Su, None
-    return W_inv @ sym(uv), -(W_inv @ sym(vF)), -Su
+    if same:  # -2 W⁻¹ sym(uF) as -W⁻¹ (uF + uFᵀ): the same bits (the factors 2 and ½ are exact)
+        return W_inv @ uv, -(W_inv @ (uF + mT(uF))), None
+    return W_inv @ sym(uv), -(W_inv @ sym(vF)), -(W_inv @ sym(uF))
 
 
 def inv_geodesic(

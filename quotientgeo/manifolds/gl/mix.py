@@ -96,7 +96,6 @@ def _gamma(
     """``(C_F, C_u, C_v)`` of factor ``F`` from the other factor's ``uK = u_Kᵀ K``,
     ``vK = v_Kᵀ K``, ``uvK = u_Kᵀ v_K``; for ``same`` the first two terms are one and ``C_v``
     is ``None``."""
-    SuK = sym(uK) @ W_inv
-    if same:
-        return -uvK @ W_inv, 2 * SuK, None
-    return -sym(uvK) @ W_inv, sym(vK) @ W_inv, SuK
+    if same:  # 2 sym(uK) W⁻¹ as (uK + uKᵀ) W⁻¹: the same bits (the factors 2 and ½ are exact)
+        return -uvK @ W_inv, (uK + mT(uK)) @ W_inv, None
+    return -sym(uvK) @ W_inv, sym(vK) @ W_inv, sym(uK) @ W_inv
