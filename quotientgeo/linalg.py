@@ -155,7 +155,7 @@ def cholesky_inverse(L: Tensor) -> Tensor:
     differentiates through this with ``torch.func.jvp``); the identity is materialised because
     forward-mode AD of a broadcast one is wrong too.
     """
-    eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).repeat(*L.shape[:-2], 1, 1)
+    eye = identity(L.shape[-1], L).expand_as(L).contiguous()  # one copy of the cached identity
     return torch.cholesky_solve(eye, L)
 
 
@@ -303,7 +303,7 @@ def expm(A: Tensor, squarings: int | None = None) -> Tensor:
         return A.clone()
     checks = _DEFERRED.get()
     if squarings is None and checks is None:
-        norm = float(A.detach().abs().sum(-2).amax(-1).max()) if A.numel() else 0.0
+        norm = float(one_norms(A).max()) if A.numel() else 0.0
         if not math.isfinite(norm):
             raise ValueError("expm: the matrix has non-finite entries")
         return _expm(A, expm_squarings(norm))[0]
@@ -352,10 +352,17 @@ _TAYLOR_COEFFICIENTS = tuple(
 )
 
 
+def one_norms(A: Tensor) -> Tensor:
+    """``‖Aᵢ‖₁``, the largest column sum of magnitudes of each matrix (detached; one rounding
+    for :func:`expm`'s count of squarings on the host and its checks on the device, which
+    must agree at the boundary)."""
+    return torch.linalg.vector_norm(A.detach(), 1, -2).amax(-1)
+
+
 def _expm(A: Tensor, bound: int) -> tuple[Tensor, Tensor]:
     """:func:`expm` with ``S = bound`` squarings, and where a matrix needs at most ``S`` (and
     is finite; the others come out ``NaN``)."""
-    norm = torch.linalg.vector_norm(A.detach(), 1, -2).amax(-1)[..., None, None]  # ‖Aᵢ‖₁
+    norm = one_norms(A)[..., None, None]
     held = norm <= _TAYLOR_THETA * 2.0**bound  # NaN fails
     nan = constant(math.nan, A)
     if bound == 0:  # no scaling: A itself, or NaN where it fails

@@ -21,6 +21,7 @@ from quotientgeo.linalg import (
     gram,
     matmul_add,
     mT,
+    one_norms,
     solve_sylvester,
     sylvester_basis,
     sym,
@@ -230,7 +231,7 @@ def _old_expm(A: torch.Tensor) -> torch.Tensor:
     """The previous :func:`expm`: one ``s`` for the batch, its largest 1-norm read on the host
     (the reference the new one must equal to rounding): the same Taylor polynomial
     (``squarings=0``) of ``A / 2ˢ``, squared ``s`` times."""
-    norm = float(A.abs().sum(-2).amax(-1).max())
+    norm = float(one_norms(A).max())  # rounded as expm's checks round it
     s = max(0, math.ceil(math.log2(norm / 0.5))) if norm > 0 else 0
     E = expm(A / 2.0**s, squarings=0)
     for _ in range(s):
@@ -281,6 +282,25 @@ def test_expm_agrees_with_matrix_exp_and_scipy(batch, k, exponents, seed, deferr
     bound = 1e-13 * (10**norms).clamp_min(1)
     assert (_rel_errs(E, ref_scipy) <= bound).all()
     assert (_rel_errs(E, ref) <= bound + _rel_errs(ref, ref_scipy)).all()
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_expm_at_norms_on_the_squarings_boundary(deferred):
+    """Batches whose largest 1-norm is ``θ·2ˢ`` as the caller computes it (matrices normalised
+    by their column sums): the count of squarings chosen on the host and the checks made on
+    the device round the norms alike, so no matrix is refused as one that needs a squaring
+    more; every result agrees with SciPy."""
+    g = gen(2)
+    for scale in (0.5, 1.0, 2.0, 4.0) * 10:
+        A = torch.randn(3, 5, 5, generator=g, dtype=torch.float64)
+        A = A / A.abs().sum(-2).amax(-1)[..., None, None] * scale
+        if deferred:
+            with deferred_checks():
+                E = expm(A)
+        else:
+            E = expm(A)
+        ref = torch.from_numpy(np.stack([scipy.linalg.expm(a) for a in A.numpy()]))
+        assert (_rel_errs(E, ref) <= 1e-13 * scale).all()
 
 
 @given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 5))

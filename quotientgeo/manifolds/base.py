@@ -472,7 +472,7 @@ class QuotientManifold(Manifold):
     def expmap2(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         """Second-order approximation of the exponential map ``x + u - ½ Γ(u, u)``."""
         p = self.at(x)
-        return p.x + u - 0.5 * self.christoffel(p, u)
+        return torch.sub(p.x + u, self.christoffel(p, u), alpha=0.5)
 
     def expmap(self, x: Tensor | AtPoint, u: Tensor, *, steps: int | None = None) -> Tensor:
         """Exact exponential map ``γ(1)`` (:meth:`geodesic`)."""

@@ -172,7 +172,7 @@ class FramedTotalSpace(GLTotalSpace):
 
         def derivatives(uF: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
             """``(Ẇ_G[u], Ẇ_H[u])`` from ``(u_Gᵀ G, u_Hᵀ H)``."""
-            P_dot, Q_dot = 2 * sym(uF[0]), 2 * sym(uF[1])
+            P_dot, Q_dot = (F + mT(F) for F in uF)  # 2 sym(·), the same bits
             Pd_dot = P_dot - delta * sandwich(Q_inv, Q_dot)
             dG, dH = s * Q_dot, s * Pd_dot
             if s != 1.0:
