@@ -169,28 +169,33 @@ class PerturbationSpace:
         return out
 
     def sqnorm(self, c: Tensor) -> Tensor:
-        return self.ball.inner(self.ball_point, c).sum()
+        """``||c||²`` in the ball's metric, summed over the batch (0-dim)."""
+        value = self.ball.inner(self.ball_point, c)
+        return value if value.dim() == 0 else value.sum()
 
     def gram(self, *vectors: Tensor) -> Tensor:
         """The Gram matrix ``<vᵢ, vⱼ>`` in the ball's metric, summed over the batch (``k × k``
-        for ``k`` vectors): ``V = [v₁; …; v_k]`` stacked (:meth:`stacked_gram`)."""
-        return self.stacked_gram(torch.stack(vectors))
+        for ``k`` vectors), exactly symmetric: :func:`mirror_upper` of :meth:`stacked_gram` of
+        ``V = [v₁; …; v_k]`` stacked."""
+        return mirror_upper(self.stacked_gram(torch.stack(vectors)))
 
     def stacked_gram(self, stacked: Tensor) -> Tensor:
-        """:meth:`gram` of the vectors ``V = stacked[i]``: the metric applied once to the stack
-        (a leading batch dimension), ``V M(x) Vᵀ`` in one matrix product, and its upper
-        triangle mirrored (``M`` is symmetric: the result is exactly symmetric)."""
+        """``V M(x) Vᵀ`` of the vectors ``V = stacked[i]``: the metric applied once to the stack
+        (a leading batch dimension), in one matrix product. Its upper triangle is the Gram
+        matrix of :meth:`gram`; its lower one is the same up to rounding (``M`` is symmetric), so
+        that a sum of these over parts is mirrored once (:func:`mirror_upper`): the values of
+        the sum of the parts' mirrored ones, in three operators for all the parts."""
         images = self.ball.metric(self.ball_point, stacked)
         k = stacked.shape[0]
-        full = stacked.reshape(k, -1) @ images.reshape(k, -1).mT
-        return full.triu() + full.triu(1).mT
+        return stacked.reshape(k, -1) @ images.reshape(k, -1).mT
 
     def gradient_gram(self, rows: Tensor) -> tuple[Tensor, Tensor]:
         """``(g, K)`` from ``rows = [ξ, ξ_prev, ∇]`` (``(3, *point shape)``, stacked by the
         caller, who gives it up): ``rows[2]`` becomes ``g = rgrad(J(ξ)ᵀ ∇)``, the horizontal
         Riemannian gradient with respect to ``ξ`` (in place: ``ŵ² ∇`` where the part moves
         along straight lines in its own element-wise adaptive metric, a piece of the adaptive
-        rest), and ``K`` is :meth:`stacked_gram` of ``(ξ, ξ_prev, g)``: no stack of its own."""
+        rest), and ``K`` is :meth:`stacked_gram` of ``(ξ, ξ_prev, g)`` (not mirrored): no stack
+        of its own."""
         xi, _, d = rows.unbind(0)
         if self.adaptive_rest:
             d.mul_(self.ball.scale_squared(self.point))
@@ -415,12 +420,13 @@ class Piece:
         previous: Mapping[str, Tensor],
         grads: Mapping[str, Tensor],
     ) -> Tensor:
-        """The Gram matrix of ``(ξ, ξ_prev, g)`` in the ball's metric at the piece's entries,
-        with ``grads ← g = rgrad(∇)`` there (``space``: the piece at its base point; ``xi``:
-        :meth:`entries` of ``ξ``). A piece of the adaptive rest whose gradients are plain views
-        gets ``g = ŵ² ∇`` in place in the gradients' own tensors (one ``_foreach_mul_``) and
-        the three vectors read into one ``(3, n)`` tensor; any other reads ``∇`` with them and
-        writes ``g`` back (:meth:`PerturbationSpace.gradient_gram`)."""
+        """The Gram matrix of ``(ξ, ξ_prev, g)`` in the ball's metric at the piece's entries
+        (:meth:`PerturbationSpace.stacked_gram`, not mirrored), with ``grads ← g = rgrad(∇)``
+        there (``space``: the piece at its base point; ``xi``: :meth:`entries` of ``ξ``). A
+        piece of the adaptive rest whose gradients are plain views gets ``g = ŵ² ∇`` in place
+        in the gradients' own tensors (one ``_foreach_mul_``) and the three vectors read into
+        one ``(3, n)`` tensor; any other reads ``∇`` with them and writes ``g`` back
+        (:meth:`PerturbationSpace.gradient_gram`)."""
         dtype = space.point.dtype
         views = self.views(grads, dtype) if space.adaptive_rest else None
         if views is not None:
@@ -746,6 +752,11 @@ class Perturbations:
         mask = plan.partial[name].to(values.device)
         plan.views[name].edit_(whole, lambda m: m.masked_scatter_(mask, values))
         return sh.local_part(whole, p)
+
+
+def mirror_upper(K: Tensor) -> Tensor:
+    """``K``'s upper triangle mirrored into its lower one (``(..., k, k)``): exactly symmetric."""
+    return K.triu() + K.triu(1).mT
 
 
 class Sums:

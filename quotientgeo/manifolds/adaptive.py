@@ -100,8 +100,10 @@ class AdaptiveGeometry(QuotientManifold):
         ``ŵ`` the one form of the scale that it needs."""
         p, v = self._pair_at(x, u, v)
         if v is u:
-            dims = tuple(range(-self.ndim, 0))
             whitened = u / self.scale(p)
+            if whitened.dim() == 1 and not keepdim:  # a vector (a piece): one product
+                return torch.dot(whitened, whitened)
+            dims = tuple(range(-self.ndim, 0))
             return torch.linalg.vector_norm(whitened, dim=dims, keepdim=keepdim).square()
         return self._reduce(u * v / self.scale_squared(p), keepdim)
 

@@ -92,6 +92,7 @@ from ..geometry.perturbation import (
     Piece,
     Sums,
     empty_like_together,
+    mirror_upper,
 )
 from ..heap import release_free_memory
 from ..linalg import DeferredChecks
@@ -408,8 +409,8 @@ class Objective:
                 prev = part.read(self.previous, self.dtype)
                 g = s.rgrad(s.pullback(xi, part.read(grads, self.dtype)))
                 part.write_(grads, g)
-                sums.add(part, s.gram(xi, prev, g))
-        return sums.total()
+                sums.add(part, s.stacked_gram(torch.stack((xi, prev, g))))
+        return mirror_upper(sums.total())  # the parts' products, mirrored once
 
     @torch.no_grad()
     def advance(self, c: Tensor) -> None:

@@ -60,7 +60,8 @@ def check_pieces(space: pt.Perturbations, seed: int, zeros: float, rtol: float) 
         )
         torch.testing.assert_close(g.double(), vectors[2], rtol=rtol, atol=0.0)
         torch.testing.assert_close(gram.double(), expected, rtol=rtol, atol=rtol * 1e-3)
-        assert torch.equal(gram, gram.mT)
+        mirrored = pt.mirror_upper(gram)  # what the maximiser takes, once for all parts
+        assert torch.equal(mirrored, mirrored.mT) and torch.equal(mirrored.triu(), gram.triu())
         # the gradients replaced by g in their own tensors (in place, or written back)
         out = {name: t.clone() for name, t in grads.items()}
         gram = piece.gradient_gram_(
@@ -138,3 +139,21 @@ def test_chunk_gradient_gram_is_rgrad_and_gram(metric, move):
         expected_g = s.rgrad(s.pullback(vs[0], vs[2]))
         torch.testing.assert_close(g, expected_g, rtol=1e-12, atol=1e-14)
         torch.testing.assert_close(gram, s.gram(vs[0], vs[1], expected_g), rtol=1e-12, atol=1e-14)
+
+
+@given(
+    parts=st.integers(1, 6),
+    k=st.integers(1, 4),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    seed=st.integers(0, 2**16),
+)
+def test_mirroring_the_sum_is_the_sum_of_the_mirrored(parts, k, dtype, seed):
+    """The maximiser sums the parts' unmirrored ``V M Vᵀ`` and mirrors the sum once: the same
+    bits as summing the parts' mirrored Gram matrices in the same order."""
+    gen = torch.Generator().manual_seed(seed)
+    grams = [torch.randn(k, k, generator=gen, dtype=dtype) for _ in range(parts)]
+    raw, mirrored = torch.zeros(k, k, dtype=dtype), torch.zeros(k, k, dtype=dtype)
+    for gram in grams:
+        raw.add_(gram)
+        mirrored.add_(pt.mirror_upper(gram))
+    assert torch.equal(pt.mirror_upper(raw), mirrored)
