@@ -199,7 +199,7 @@ def inv_geodesics(
     h = L.shape[-1]
     # Fᵀξ and ξᵀξ of every factor, one stack
     products = [mT(F) @ xi for F, xi in factors] + [mT(xi) @ xi for _, xi in factors]
-    FtXi, XitXi = torch.stack(products).view(2, *L.shape).unbind(0)
+    FtXi, XitXi = torch.stack(products).unflatten(0, (2, len(factors))).unbind(0)
     M, X, minus_S2, sigma = _generators(FtXi, XitXi, L_inv)
     s_M, s_X = (None, None) if speed is None else squarings_at_speed(h, speed)
 
