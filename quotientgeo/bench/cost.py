@@ -221,7 +221,9 @@ def _depth(args: argparse.Namespace, layers: int) -> dict[str, Any]:
     def measure_overhead(name: str, n: int) -> tuple[dict[str, float], float]:
         m = measures(n, n)[name]
         evals = _Evaluations(loss_fn)
-        total = count(lambda: m.evaluate(model, evals, [batch], progress=False))
+        total = count(
+            lambda: m.evaluate(model, evals, [batch], progress=False, compile=args.compile)
+        )
         model_cost = _combine((evals.grad, fwd), (evals.no_grad, fwd0), (evals.backward, bwd))
         over = {k: total[k] - model_cost[k] for k in total}
         return over, evals.grad + evals.no_grad
@@ -293,6 +295,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps counted")
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="the measures with compile=True (the adaptive rest's Gram pass by compiled kernels, "
+        "each counted as one operator with the bytes it reads and writes)",
+    )
+    parser.add_argument(
         "--hvp",
         action="store_true",
         help="count one Hessian-vector product of the Riemannian Hessian instead of the "
@@ -303,6 +311,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: The options a run's JSON records.
+CONFIG = ("layers", "d", "heads", "vocab", "seq", "batch", "dtype", "n_iter", "extra", "compile")
+
+
 def run(args: argparse.Namespace) -> int:
     """Operators, host reads and bytes per iteration of every measure, beyond the model."""
     torch.manual_seed(0)
@@ -310,9 +322,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_hvp(args)
     out: dict[str, Any] = {
         "depths": {str(layers): _depth(args, layers) for layers in args.layers},
-        "config": run_config(
-            args, "layers", "d", "heads", "vocab", "seq", "batch", "dtype", "n_iter", "extra"
-        ),
+        "config": run_config(args, *CONFIG),
     }
     if args.json:
         print(json.dumps(out, indent=2))

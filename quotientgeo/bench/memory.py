@@ -93,6 +93,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="the measures with compile=True (the adaptive rest's Gram pass compiled)",
+    )
+    parser.add_argument(
         "--only", nargs="+", choices=CONTENDERS, default=None, help="contenders to run"
     )
     parser.add_argument(
@@ -155,7 +160,7 @@ def contender(name: str, args: argparse.Namespace, model, loss_fn, batch) -> Cal
     if name in PRODUCTS:
         return lambda: hessian_vector_product(model, loss_fn, batch, PRODUCTS[name])
     measure = measures(args.n_iter, args.n_samples)[name]
-    return lambda: measure.evaluate(model, loss_fn, [batch], progress=False)
+    return lambda: measure.evaluate(model, loss_fn, [batch], progress=False, compile=args.compile)
 
 
 def hessian_vector_product(model, loss_fn, batch, product: str) -> torch.Tensor:
@@ -256,6 +261,8 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
     ]  # fmt: skip
     if args.threads:
         argv += ["--threads", str(args.threads)]
+    if args.compile:
+        argv.append("--compile")
     return argv
 
 
@@ -316,6 +323,7 @@ def run(args: argparse.Namespace) -> int:
             "n_iter",
             "n_samples",
             "shard",
+            "compile",
         ),
     }
     if args.json:

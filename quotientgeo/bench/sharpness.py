@@ -56,6 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extra", type=int, default=8, help="extra iterations of the long run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--progress", action="store_true", help="progress bar over rounds")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="the measures with compile=True (the adaptive rest's Gram pass compiled)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
         def run():
             evaluations[key] = 0
-            m.evaluate(model, counted, [batch], progress=False)
+            m.evaluate(model, counted, [batch], progress=False, compile=args.compile)
 
         return run
 
@@ -123,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         for key, (a, b) in RATIOS.items()
     }
     out["config"] = run_config(
-        args, "layers", "d", "heads", "seq", "batch", "n_iter", "extra", "rounds"
+        args, "layers", "d", "heads", "seq", "batch", "n_iter", "extra", "rounds", "compile"
     )
     if args.json:
         print(json.dumps(out, indent=2))

@@ -34,6 +34,7 @@ def geodesic_sharpness(
     progress: bool = True,
     distributed: str = "auto",
     return_perturbation: bool = False,
+    compile: bool = False,
 ) -> SharpnessResult:
     """Worst-case geodesic sharpness ``mean_S max_{||ξ||_x ≤ ρ} L_S(γ_ξ(1)) - L_S(x)``.
 
@@ -83,6 +84,9 @@ def geodesic_sharpness(
             measure it), ``"batches"`` otherwise. Without a process group it changes nothing.
         return_perturbation: also return each batch's worst perturbation ``ξ*`` in parameter
             coordinates (``SharpnessResult.perturbations``; one parameter-sized copy per batch).
+        compile: the adaptive rest's Gram pass and step of every iteration by kernels compiled with
+            :func:`torch.compile` (:mod:`quotientgeo.sharpness.fused`): the same values to
+            rounding, fewer passes over the parameters, a compilation on first use.
 
     The result's ``first_order_losses`` (one extra no-grad forward per batch unless
     ``perturbation="first_order"``) give :attr:`SharpnessResult.curvature_share`.
@@ -101,6 +105,7 @@ def geodesic_sharpness(
     return measure.evaluate(
         model, loss_fn, batches,
         progress=progress, distributed=distributed, return_perturbation=return_perturbation,
+        compile=compile,
     )  # fmt: skip
 
 
@@ -115,15 +120,19 @@ def adaptive_sharpness(
     seed: int = 0,
     progress: bool = True,
     distributed: str = "auto",
+    compile: bool = False,
 ) -> SharpnessResult:
     """Adaptive sharpness of Andriushchenko et al. 2023: ``max_{||ξ ⊙ ŵ⁻¹||₂ ≤ ρ} L(w + ξ) - L(w)``.
 
     Every parameter in the element-wise geometry, straight-line perturbations, the same
     Auto-PGD loop: ``Measure.adaptive(rho, ...)``, exactly
-    ``geodesic_sharpness(symmetries=None, perturbation="first_order", norm="adaptive")``.
+    ``geodesic_sharpness(symmetries=None, perturbation="first_order", norm="adaptive")``
+    (``compile`` as there).
     """
     measure = Measure.adaptive(rho, n_iter=n_iter, restarts=restarts, seed=seed)
-    return measure.evaluate(model, loss_fn, batches, progress=progress, distributed=distributed)
+    return measure.evaluate(
+        model, loss_fn, batches, progress=progress, distributed=distributed, compile=compile
+    )
 
 
 def average_sharpness(

@@ -104,6 +104,7 @@ class Measure(abc.ABC):
         progress: bool = True,
         distributed: Distributed | str = Distributed.AUTO,
         return_perturbation: bool = False,
+        compile: bool = False,
     ) -> MeasureResult:
         """Measure ``model``: the mean over ``batches`` of the per-batch value.
 
@@ -122,6 +123,10 @@ class Measure(abc.ABC):
             return_perturbation: worst case only: also return each batch's worst
                 perturbation ``ξ*`` in parameter coordinates (``ValueError`` for a measure
                 without one).
+            compile: run the hot passes by kernels compiled with :func:`torch.compile`
+                where the measure has them (worst-case sharpness: the adaptive rest's Gram
+                pass and step, :mod:`quotientgeo.sharpness.fused`); the values agree with the
+                eager passes to rounding. A measure without such passes ignores it.
         """
 
     @abc.abstractmethod
@@ -284,6 +289,7 @@ class SharpnessMeasure(Measure):
         progress: bool = True,
         distributed: Distributed | str = Distributed.AUTO,
         return_perturbation: bool = False,
+        compile: bool = False,
     ) -> SharpnessResult:
         """Measure ``model``: the mean over ``batches`` of the per-batch value.
 
@@ -300,14 +306,21 @@ class SharpnessMeasure(Measure):
                 without one.
             return_perturbation: worst case only: also return each batch's worst
                 perturbation ``ξ*`` in parameter coordinates.
+            compile: take the adaptive rest's Gram pass and step of every Auto-PGD
+                iteration by kernels compiled with :func:`torch.compile`
+                (:mod:`quotientgeo.sharpness.fused`; the first iterations compile them, once
+                per number of parameters a piece holds; average sharpness has neither). The
+                values agree with the eager passes to rounding.
         """
+        if not isinstance(compile, bool):
+            raise TypeError(f"compile must be True or False, got {compile!r}")
         geometry = geometry_of(model, self.symmetries, self.metric, eps=self.eps)
         return run(
             model, loss_fn, batches,
             geometry=geometry, case=self.case, rho=self.rho, perturbation=self.perturbation,
             norm=self.norm, seed=self.seed, settings=self.settings(),
             description=f"{self.name} sharpness", progress=progress, distributed=distributed,
-            return_perturbation=return_perturbation,
+            return_perturbation=return_perturbation, compile=compile,
         )  # fmt: skip
 
     def settings(self) -> dict[str, Any]:
@@ -364,10 +377,11 @@ class RelativeFlatness(Measure):
         progress: bool = True,
         distributed: Distributed | str = Distributed.AUTO,
         return_perturbation: bool = False,
+        compile: bool = False,
     ) -> FlatnessResult:
         """:func:`~quotientgeo.relative_flatness` of ``model``'s layer :attr:`layer`; the
         arguments are :meth:`Measure.evaluate`'s (``return_perturbation=True`` is a
-        ``ValueError``: there is no perturbation)."""
+        ``ValueError``: there is no perturbation; ``compile`` changes nothing)."""
         if not isinstance(return_perturbation, bool):
             got = repr(return_perturbation)
             raise TypeError(f"return_perturbation must be True or False, got {got}")

@@ -96,6 +96,7 @@ from ..geometry.perturbation import (
 )
 from ..heap import release_free_memory
 from ..linalg import DeferredChecks
+from .fused import fused_gram, fused_step
 from .ranks import Local, add_note
 
 Tensor = torch.Tensor
@@ -143,6 +144,8 @@ class Objective:
         x0: the starting weights by name (local parts; written back by the caller).
         ranks: the rank mode (losses and gradients averaged over ranks with ``split_batch``).
         worst_case: keep ``previous`` and ``best`` (Auto-PGD); without, one scratch buffer.
+        compiled: take the adaptive rest's Gram pass and step by compiled kernels, one per
+            piece (:mod:`quotientgeo.sharpness.fused`), where the piece allows it.
     """
 
     def __init__(
@@ -154,6 +157,7 @@ class Objective:
         ranks: Local,
         *,
         worst_case: bool = True,
+        compiled: bool = False,
     ):
         self.model, self.loss_fn, self.space, self.ranks = model, loss_fn, space, ranks
         self.geometry: ParameterGeometry = space.geometry
@@ -187,6 +191,7 @@ class Objective:
         self._last_piece = {n: i for i, piece in enumerate(space.pieces) for n in piece.names}
         self.previous = space.empty()  # ξ_{k-1} (the average measure's scratch)
         self.worst_case = worst_case
+        self.compiled = compiled
         self._best = Best.PREVIOUS
         self.best: dict[str, Tensor] | None = None  # the buffers of the best iterate, if OWN
         self.batch: Any = None
@@ -239,6 +244,10 @@ class Objective:
         return self.geometry.gather(self.x0, dtype=self.dtype)
 
     # ------------------------------------------------------------------ parameter-wise passes
+    def _off_weights(self, piece: Piece) -> bool:
+        """Whether every segment of ``piece`` has ``ξ_k = w̃ - x0`` (none held in ``current``)."""
+        return not any(seg.name in self.current for seg in piece.segments)
+
     def _xi_entries(self, piece: Piece) -> list[Tensor]:
         """The piece's entries of the current iterate ``ξ_k`` (compute dtype), segment by
         segment: views of ``current`` where it is held there, else ``w̃ - x0`` read off the
@@ -399,6 +408,11 @@ class Objective:
         sums = Sums(self.space, (3, 3))
         with self.diagnosis.located(), self.checks:
             for part in self.space.parts():
+                if isinstance(part, Piece) and self.compiled and self._off_weights(part):
+                    K = fused_gram(part, self.weights, self.x0, self.previous, grads, self.dtype)
+                    if K is not None:  # one compiled kernel (quotientgeo.sharpness.fused)
+                        sums.add(part, K)
+                        continue
                 s = self.base.space(part)
                 if isinstance(part, Piece):  # ξ_k, ξ_{k-1}, g read in one concatenation
                     sums.add(
@@ -422,25 +436,28 @@ class Objective:
         moves with the iterates (module docstring): from ``CURRENT`` to ``PREVIOUS``, from
         ``PREVIOUS`` to ``OWN``."""
         grads = self.gradients()
-        c0, c1, c2 = (c[i].to(self.dtype) for i in range(3))
+        c = c.to(self.dtype)
+        c0, c1, c2 = c.unbind()
         best_is_previous = self._best is Best.PREVIOUS  # ξ_{k-1} stays, as the best point
         target, previous = dict(self.current), dict(self.previous)  # where ξ_{k+1}, ξ_k go
         for i, piece in enumerate(self.space.pieces):
-            parked = [n for n in piece.names if n in self._parked and target[n] is self.current[n]]
-            target.update(_fresh(self.current, parked))
-            if best_is_previous:
-                kept = [n for n in piece.names if previous[n] is self.previous[n]]
-                previous.update(_fresh(self.previous, kept))
-            xi = self._xi_entries(piece)
-            new = self._combination(piece, (c0, c1, c2), xi, grads)
-            piece.write_(previous, xi)
-            piece.write_(target, new, target)
-            if not self.straight.isdisjoint(piece.names):
-                piece.write_sum_(self.weights, self.x0, new, self.straight)
-            for name in piece.names:
-                if self._last_piece[name] == i:
-                    del grads[name]
-                    self.space.params[name].grad = None
+            part: Piece | None = piece
+            if self.compiled and not best_is_previous:  # ξ_k goes into ξ_{k-1}'s own buffers
+                part = self._fused_step(piece, grads, c)
+            if part is not None:
+                parked = [n for n in part.names if n in self._parked]
+                parked = [n for n in parked if target[n] is self.current[n]]
+                target.update(_fresh(self.current, parked))
+                if best_is_previous:
+                    kept = [n for n in part.names if previous[n] is self.previous[n]]
+                    previous.update(_fresh(self.previous, kept))
+                xi = self._xi_entries(part)
+                new = self._combination(part, (c0, c1, c2), xi, grads)
+                part.write_(previous, xi)
+                part.write_(target, new, target)
+                if not self.straight.isdisjoint(part.names):
+                    part.write_sum_(self.weights, self.x0, new, self.straight)
+            self._free_gradients(piece, i, grads)
         if best_is_previous:
             self._best, self.best = Best.OWN, self.previous
         elif self._best is Best.CURRENT:
@@ -450,6 +467,30 @@ class Objective:
         for p in self.space.params.values():
             p.grad = None
         self._move_blocks_(self.current)
+
+    def _fused_step(self, piece: Piece, grads: Mapping[str, Tensor], c: Tensor) -> Piece | None:
+        """The step of :meth:`advance` on the segments of ``piece`` that move along straight
+        lines with ``ξ_k`` in the weights, by one compiled kernel
+        (:func:`~quotientgeo.sharpness.fused.fused_step`); returns what is left for the eager
+        step (the piece itself where the kernel does not apply, ``None`` where nothing is)."""
+        moving = self.straight.difference(self.current)
+        straight = tuple(seg for seg in piece.segments if seg.name in moving)
+        if not straight:
+            return piece
+        part = piece if len(straight) == len(piece.segments) else Piece(straight, piece.manifold)
+        if piece.sharded or not fused_step(
+            part, self.weights, self.x0, self.previous, grads, c, self.dtype
+        ):
+            return piece
+        rest = tuple(seg for seg in piece.segments if seg.name not in moving)
+        return Piece(rest, piece.manifold) if rest else None
+
+    def _free_gradients(self, piece: Piece, i: int, grads: dict[str, Tensor]) -> None:
+        """Free the gradients of the parameters whose last piece is ``piece`` (the ``i``-th)."""
+        for name in piece.names:
+            if self._last_piece[name] == i:
+                del grads[name]
+                self.space.params[name].grad = None
 
     def _combination(
         self,

@@ -55,10 +55,12 @@ def run(
     progress: bool,
     distributed: Distributed | str,
     return_perturbation: bool,
+    compile: bool = False,
 ) -> SharpnessResult:
     """The measure ``case`` on the ball of radius ``rho`` of ``geometry`` (the map
     ``perturbation``, the metric ``norm``) of ``model`` over ``batches``; ``settings`` are
-    recorded in the result, ``description`` names the progress bar."""
+    recorded in the result, ``description`` names the progress bar; ``compile``: the adaptive
+    rest's Gram pass and step by compiled kernels (:mod:`quotientgeo.sharpness.fused`)."""
     check_model(model)
     check_loss_fn(loss_fn)
     check_batches(batches)
@@ -80,7 +82,9 @@ def run(
     with model_state_preserved(model, geometry.params) as x0, bar:
         try:
             worst = isinstance(case, WorstCase)
-            with Objective(model, loss_fn, space, x0, ranks, worst_case=worst) as objective:
+            with Objective(
+                model, loss_fn, space, x0, ranks, worst_case=worst, compiled=compile
+            ) as objective:
                 gen = torch.Generator(device=objective.device)
                 for i, batch in enumerate(batches):
                     gen.manual_seed(batch_seed(seed, offset + i))
