@@ -100,7 +100,13 @@ def operators() -> tuple[Callable[..., Tensor], Callable[..., None]]:
     gram = torch.compile(_gram_sums, dynamic=True)
     step = torch.compile(_step, dynamic=True)
 
-    @torch.library.custom_op("quotientgeo::adaptive_gram", mutates_args=("grads",))
+    # the schemas written out: torch 2.6 infers none from ``list[Tensor]`` annotations
+    @torch.library.custom_op(
+        "quotientgeo::adaptive_gram",
+        mutates_args=("grads",),
+        schema="(Tensor[] weights, Tensor[] base, Tensor[] previous, Tensor(a!)[] grads, "
+        "float floor_squared) -> Tensor",
+    )
     def adaptive_gram(
         weights: list[Tensor],
         base: list[Tensor],
@@ -114,7 +120,12 @@ def operators() -> tuple[Callable[..., Tensor], Callable[..., None]]:
     def _(weights, base, previous, grads, floor_squared):
         return weights[0].new_empty((3, 3))
 
-    @torch.library.custom_op("quotientgeo::adaptive_step", mutates_args=("weights", "previous"))
+    @torch.library.custom_op(
+        "quotientgeo::adaptive_step",
+        mutates_args=("weights", "previous"),
+        schema="(Tensor(a!)[] weights, Tensor[] base, Tensor(b!)[] previous, Tensor[] grads, "
+        "Tensor c) -> ()",
+    )
     def adaptive_step(
         weights: list[Tensor],
         base: list[Tensor],
