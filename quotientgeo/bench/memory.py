@@ -22,8 +22,12 @@ dtype. On the CPU every contender runs in a process of its own (this command aga
 (``/proc/self/clear_refs``), the contender runs, and its peak (``VmHWM``) above the resident
 size at the reset is its peak. glibc is told to return every freed block of 64 KiB or more to
 the system (``MALLOC_MMAP_THRESHOLD_``), so that the resident size follows the live tensors.
-On CUDA the contenders run in this process and ``torch.cuda.max_memory_allocated`` above the
-allocation at the start is the peak. With ``--shard N`` the model is sharded with FSDP2
+The contender then runs once more in the same process, for the bytes that torch's allocator
+holds at its peak above the start (``allocated``, :func:`allocated_peak`): the tensors alone,
+without the allocator's slack or the interpreter, and without the first run's one-time work
+(compilation, lazily built tables). On CUDA the contenders run in this process and
+``torch.cuda.max_memory_allocated`` above the allocation at the start is the peak, both the
+resident and the allocated one. With ``--shard N`` the model is sharded with FSDP2
 (``fully_shard`` per transformer block and at the root) over ``N`` processes started by
 ``torchrun``, each passing the same batch; the peak is the largest of the ranks', and the copies
 stay counted in copies of the whole model's parameters (a rank holds ``1/N`` of each).
@@ -212,7 +216,10 @@ def _run_here(args: argparse.Namespace) -> dict[str, int]:
         Path("/proc/self/clear_refs").write_text("5")  # the peak RSS restarts from now
         start = _status("VmRSS")
         fn()
-        peak = _status("VmHWM")
+        peak = _status("VmHWM") - start
+        model.zero_grad(set_to_none=True)  # the floor's gradients: allocated again, and counted
+        gc.collect()
+        allocated = allocated_peak(fn)
     else:
         device = torch.device(args.device)
         torch.cuda.synchronize(device)
@@ -220,17 +227,47 @@ def _run_here(args: argparse.Namespace) -> dict[str, int]:
         start = torch.cuda.memory_allocated(device)
         fn()
         torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device)
-    out: dict[str, Any] = {"peak_bytes": peak - start, "parameter_bytes": parameter_bytes(model)}
+        peak = allocated = torch.cuda.max_memory_allocated(device) - start
+    out: dict[str, Any] = {
+        "peak_bytes": peak,
+        "allocated_bytes": allocated,
+        "parameter_bytes": parameter_bytes(model),
+    }
     if args.shard > 1:
         import torch.distributed as dist
 
         peaks: list = [None] * dist.get_world_size()
-        dist.all_gather_object(peaks, peak - start)
-        out["peak_bytes"] = max(peaks)
-        out["rank_peaks"] = peaks
+        dist.all_gather_object(peaks, (peak, allocated))
+        out["peak_bytes"] = max(p for p, _ in peaks)
+        out["allocated_bytes"] = max(a for _, a in peaks)
+        out["rank_peaks"] = [p for p, _ in peaks]
+        out["rank_allocated"] = [a for _, a in peaks]
         dist.destroy_process_group()
     return out
+
+
+def allocated_peak(fn: Callable[[], object]) -> int:
+    """The most bytes that torch's CPU allocator holds while ``fn()`` runs, above what it held
+    at the start: the CPU's counterpart of ``torch.cuda.max_memory_allocated``, as the running
+    sum of the allocator's events that ``torch.profiler`` records (``profile_memory=True``),
+    in the order they happened. The allocator reports no free of a block allocated before the
+    start, so a contender that frees such a block is overstated, never understated."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = prof.profiler.kineto_results.events()  # pyright: ignore[reportOptionalMemberAccess]
+    # (start, bytes) of each allocation (> 0) and free (< 0); the stubs lack ``nbytes``
+    sizes = sorted(
+        (e.start_ns(), e.nbytes())  # pyright: ignore[reportAttributeAccessIssue]
+        for e in events
+        if e.name() == "[memory]"
+    )
+    held = peak = 0
+    for _, nbytes in sizes:
+        held += nbytes
+        peak = max(peak, held)
+    return peak
 
 
 def _run_child(name: str, argv: list[str], shard: int) -> dict[str, int]:
@@ -297,17 +334,21 @@ def run(args: argparse.Namespace) -> int:
         args.contender = None
     param_bytes = peaks["floor"]["parameter_bytes"]
     floor = peaks["floor"]["peak_bytes"]
+    floor_allocated = peaks["floor"]["allocated_bytes"]
     rows = {
         name: {
             "peak_bytes": p["peak_bytes"],
             "above_floor_bytes": p["peak_bytes"] - floor,
             "copies_above_floor": (p["peak_bytes"] - floor) / param_bytes,
+            "allocated_bytes": p["allocated_bytes"],
+            "allocated_copies_above_floor": (p["allocated_bytes"] - floor_allocated) / param_bytes,
         }
         for name, p in peaks.items()
     }
     if args.shard > 1:
         for name, p in peaks.items():
             rows[name]["rank_peak_bytes"] = p["rank_peaks"]
+            rows[name]["rank_allocated_bytes"] = p["rank_allocated"]
     out = {
         "parameter_bytes": param_bytes,
         "peaks": rows,
@@ -337,6 +378,11 @@ def run(args: argparse.Namespace) -> int:
         f"batch {cfg['batch']}×{cfg['seq']}, {cfg['device']}{sharded}"
     )
     for name, row in rows.items():
-        copies = "" if name == "floor" else f"  {row['copies_above_floor']:+.2f} copies"
+        copies = ""
+        if name != "floor":
+            copies = (
+                f"  {row['copies_above_floor']:+.3f} copies"
+                f" (allocated {row['allocated_copies_above_floor']:+.3f})"
+            )
         print(f"{name:>19}: {row['peak_bytes'] / 2**20:9.1f} MiB{copies}")
     return 0

@@ -48,6 +48,7 @@ from torch import nn
 from ..geometry import ParameterGeometry
 from ..geometry import shards as sh
 from ..geometry.symmetries import geometry_of
+from ..linalg import deferred_checks
 from ..manifolds import AdaptiveGeometry, BallDamping
 from ..manifolds.gl.damping import waiting
 from ..sharpness.checks import check_batches, check_loss_fn, check_model
@@ -385,7 +386,9 @@ class RiemannianHessian(_SymmetricOperator):
         ``t = min_p (step · s_p / ‖ξ_p‖_∞)`` (:func:`_part_scales`; ``ξ = 0`` gives ``0``).
         With ``into`` (views of an output, per adaptive parameter) the rest's ``T``-image of
         the difference ``d`` is written there as ``into ← β · into + T d``, and its entry in
-        the result is ``None``."""
+        the result is ``None``. The parts release their base point's factors before the passes
+        (:meth:`~quotientgeo.curvature.parts.Part.release`): a caller forms them again after,
+        inside :func:`~quotientgeo.linalg.deferred_checks` (one host read for their checks)."""
         # ξ's parts held only for the step (the rest's, formed here, freed before the passes)
         t = _step_of(
             self._pieces(
@@ -406,6 +409,8 @@ class RiemannianHessian(_SymmetricOperator):
             for p, zp, v in zip(self.parts[:-1], z, xi, strict=False)
         ]
         xi.clear()  # given up by the caller: the passes empty points_xi once written
+        for part in self.parts:  # not held through the passes' peak: formed again after them
+            part.release()
         points, w, gradient = self._loss.difference(
             self._w, points_xi, rest, t, self._advance, into, beta
         )
@@ -446,13 +451,15 @@ class RiemannianHessian(_SymmetricOperator):
         Riemannian Hessian itself, self-adjoint in :meth:`inner`."""
         xi = self._vector(xi, "xi")
         parts = [p.project(t) for p, t in zip(self.parts, self._split(xi), strict=True)]
-        if self.product == "finite_difference":  # the tangent ξ itself: whitened by T = I
-            hv, gradient = self._difference(parts, list(parts))
-            covector = self._connected(hv, parts, gradient)
-        else:
-            (covector,) = self._covectors([parts])
+        with deferred_checks():  # the factors a finite difference released: one host read
+            if self.product == "finite_difference":  # the tangent ξ itself: whitened by T = I
+                hv, gradient = self._difference(parts, list(parts))
+                covector = self._connected(hv, parts, gradient)
+            else:
+                (covector,) = self._covectors([parts])
+            out = self._join([p.riemannian(c) for p, c in zip(self.parts, covector, strict=True)])
         self.products += 1
-        return self._join([p.riemannian(c) for p, c in zip(self.parts, covector, strict=True)])
+        return out
 
     def _matmat(self, Z: Tensor) -> Tensor:
         if self.product == "finite_difference":
@@ -519,31 +526,43 @@ class RiemannianHessian(_SymmetricOperator):
                     outs[-1].split(self._rest_sizes), self.geometry.plan.adaptive_names, strict=True
                 )
             ]
-        hv, gradient = self._difference(zs, formed, into, beta)  # empties formed
-        leaves: list[Tensor] = []
-        xis: list[Tensor | None] = []
-        with torch.enable_grad():
-            for part, t in zip(self.parts, zs, strict=True):
-                leaf = t if part.symmetric else t.detach().requires_grad_(True)
-                leaves.append(leaf)
-                xis.append(None if part.symmetric else part.tangent(leaf))
-        covector = self._connected(hv, [None if v is None else v.detach() for v in xis], gradient)
-        if out is None:
-            out = torch.empty_like(z)
-            outs = self._split(out)
-        assert outs is not None
-        for part, leaf, xi, c, o in zip(self.parts, leaves, xis, covector, outs, strict=True):
-            if c is None:  # streamed into out
-                continue
-            if xi is None and beta == 0:
-                part.tangent_into(c, o)
-                continue
-            image = part.tangent(c) if xi is None else torch.autograd.grad(xi, leaf, c)[0]
-            if beta == 0:
-                o.copy_(image)
-            else:
-                o.mul_(beta).add_(image)
-        return out
+        # the blocks' factors, released through the passes, are formed again in this block:
+        # their checks in one host read
+        with deferred_checks():
+            hv, gradient = self._difference(zs, formed, into, beta)  # empties formed
+            leaves: list[Tensor] = []
+            xis: list[Tensor | None] = []
+            with torch.enable_grad():
+                for part, t in zip(self.parts, zs, strict=True):
+                    leaf = t if part.symmetric else t.detach().requires_grad_(True)
+                    leaves.append(leaf)
+                    xis.append(None if part.symmetric else part.tangent(leaf))
+            covector = self._connected(
+                hv, [None if v is None else v.detach() for v in xis], gradient
+            )
+            del hv, gradient
+            # the blocks' images (their vector-Jacobian products, with their graphs'
+            # temporaries) before a new output is allocated: not both at once
+            for i, (xi, leaf) in enumerate(zip(xis, leaves, strict=True)):
+                if xi is not None and covector[i] is not None:
+                    covector[i] = torch.autograd.grad(xi, leaf, covector[i])[0]
+                    xis[i] = None
+            if out is None:
+                out = torch.empty_like(z)
+                outs = self._split(out)
+            assert outs is not None
+            for part, c, o in zip(self.parts, covector, outs, strict=True):
+                if c is None:  # streamed into out
+                    continue
+                if part.symmetric and beta == 0:
+                    part.tangent_into(c, o)
+                    continue
+                image = part.tangent(c) if part.symmetric else c  # the blocks': formed above
+                if beta == 0:
+                    o.copy_(image)
+                else:
+                    o.mul_(beta).add_(image)
+            return out
 
     def __repr__(self) -> str:
         model = type(self.geometry.model).__name__

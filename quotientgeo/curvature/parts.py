@@ -82,6 +82,10 @@ class Part:
         """The horizontal part of ``ξ`` (``P^h ξ``)."""
         return xi
 
+    def release(self) -> None:
+        """Forget what the part has computed from its base point (the symmetry blocks' ``h × h``
+        factors), to be computed again when next needed; nothing for the element-wise parts."""
+
     def connection(self, xi: Tensor, gradient: Tensor | None) -> Tensor | None:
         """``c`` with ``⟨c, η⟩ = ∇f · Γ(η, ξ)`` (``gradient`` the part's ``∇f``); ``None``
         where ``Γ = 0``."""
@@ -207,6 +211,9 @@ class QuotientPart(Part):
 
     def project(self, xi: Tensor) -> Tensor:
         return self.manifold.proju(self.point, xi)
+
+    def release(self) -> None:
+        self.point.cache.clear()
 
     def connection(self, xi: Tensor, gradient: Tensor | None) -> Tensor:
         assert gradient is not None  # Γ ≠ 0: the connection needs ∇f

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from quotientgeo.bench.timing import interleaved, median_ratio, medians
 from quotientgeo.cli import main
@@ -61,6 +63,38 @@ def test_memory_bench_json(capsys):
         assert row["copies_above_floor"] == pytest.approx(
             row["above_floor_bytes"] / result["parameter_bytes"]
         )
+        assert row["allocated_copies_above_floor"] == pytest.approx(
+            (row["allocated_bytes"] - peaks["floor"]["allocated_bytes"]) / result["parameter_bytes"]
+        )
+    # the floor holds at least its gradients (one copy) at its allocated peak
+    assert peaks["floor"]["allocated_bytes"] >= result["parameter_bytes"]
+
+
+@settings(max_examples=10, deadline=None)
+@given(sizes=st.lists(st.integers(1, 5000), min_size=1, max_size=6), data=st.data())
+def test_allocated_peak_is_the_most_bytes_held(sizes, data):
+    """``allocated_peak`` is the largest running sum of the bytes allocated and freed, exactly,
+    whatever the order of the frees."""
+    import torch
+
+    from quotientgeo.bench.memory import allocated_peak
+
+    frees = data.draw(st.lists(st.sampled_from(range(len(sizes))), unique=True))
+    expected, held, alive = 0, 0, {}
+    for i, n in enumerate(sizes):
+        held += 8 * n
+        expected = max(expected, held)
+        if i in frees:
+            held -= 8 * n
+
+    def fn():
+        for i, n in enumerate(sizes):
+            alive[i] = torch.empty(n, dtype=torch.float64)
+            if i in frees:
+                del alive[i]
+        alive.clear()
+
+    assert allocated_peak(fn) == expected
 
 
 def test_cost_counter_counts_operators_host_reads_and_bytes_exactly():

@@ -109,3 +109,42 @@ def test_blocks_written_whole_give_the_same_product(monkeypatch, seed):
     assert H._loss._views is None
     assert torch.equal(whole, through_views)
     assert_restored(model, before)
+
+
+@pytest.mark.parametrize("release", [True, False])
+def test_finite_difference_holds_no_factors_through_its_passes(monkeypatch, release):
+    """The symmetry blocks' ``h × h`` factors (their points' caches) are released before the
+    passes and formed again after them: the passes' peak holds nothing of them, and the
+    products are the same as with the factors held (``release`` patched out)."""
+    from quotientgeo.curvature.parts import QuotientPart
+    from quotientgeo.testing import TinyTransformerClassifier, cross_entropy
+
+    if not release:
+        monkeypatch.setattr(QuotientPart, "release", lambda self: None)
+    torch.manual_seed(0)
+    model = TinyTransformerClassifier(16, 2, 2, classes=3, dim_feedforward=32).double().eval()
+    gen = torch.Generator().manual_seed(1)
+    batch = (
+        torch.randn(4, 5, 16, generator=gen, dtype=torch.float64),
+        torch.randint(0, 3, (4,), generator=gen),
+    )
+    held: list[int] = []
+    parts: list[QuotientPart] = []
+
+    def loss_fn(model, batch):
+        held.append(sum(len(p.point.cache) for p in parts))
+        return cross_entropy(model, batch)
+
+    H = RiemannianHessian(model, loss_fn, [batch], product="finite_difference")
+    parts += [p for p in H.parts if isinstance(p, QuotientPart)]
+    assert parts
+    z = torch.randn(H.dim, 2, generator=gen, dtype=torch.float64)
+    held.clear()
+    out = H @ z
+    assert len(held) == 4  # two passes per column
+    assert (max(held) == 0) == release
+    assert all(p.point.cache for p in parts)  # formed again
+    monkeypatch.undo()
+    H_held = RiemannianHessian(model, cross_entropy, [batch], product="finite_difference")
+    monkeypatch.setattr(QuotientPart, "release", lambda self: None)
+    assert torch.equal(out, H_held @ z)
