@@ -299,9 +299,12 @@ class BlockChunk:
     def _whole(self, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
         return {name: sh.full(tensors[name], p) for name, p in self.params.items()}
 
-    def read(self, tensors: Mapping[str, Tensor], dtype: torch.dtype) -> Tensor:
-        """The chunk's points in ``tensors`` (parameter coordinates), a new tensor."""
-        return gather_blocks(self.plan, self.kind, self.blocks, self._whole(tensors), dtype)
+    def read(
+        self, tensors: Mapping[str, Tensor], dtype: torch.dtype, out: Tensor | None = None
+    ) -> Tensor:
+        """The chunk's points in ``tensors`` (parameter coordinates): a new tensor, or written
+        into ``out``."""
+        return gather_blocks(self.plan, self.kind, self.blocks, self._whole(tensors), dtype, out)
 
     @torch.no_grad()
     def write_(self, tensors: Mapping[str, Tensor], points: Tensor) -> None:

@@ -73,11 +73,22 @@ def gather(
 
 
 def gather_blocks(
-    plan: Plan, kind: int, blocks: range, tensors: Mapping[str, Tensor], dtype: torch.dtype
+    plan: Plan,
+    kind: int,
+    blocks: range,
+    tensors: Mapping[str, Tensor],
+    dtype: torch.dtype,
+    out: Tensor | None = None,
 ) -> Tensor:
     """The points of blocks ``plan.kinds[kind].blocks[i]`` for ``i`` in ``blocks``, read from
     ``tensors`` (whole tensors by parameter name) in ``dtype``: ``(Σ heads, *shape)``, a new
-    tensor. A product kind is read whole (its point ``(1, D)``), whatever ``blocks`` says."""
+    tensor, or ``out`` (of that shape and ``dtype``) written in place. A product kind is read
+    whole (its point ``(1, D)``), whatever ``blocks`` says."""
+    if out is not None:
+        congruent = None if plan.kinds[kind].product else _congruent(plan, kind, blocks, tensors)
+        if congruent is not None:
+            return _gather_stacked(congruent, tensors, dtype, out)
+        return out.copy_(gather_blocks(plan, kind, blocks, tensors, dtype))
     k = plan.kinds[kind]
     if k.product is not None:  # the union of the parts' entries, each once
         values = []
@@ -194,12 +205,14 @@ def _congruent(
     return found
 
 
-def _gather_stacked(found: list[Block], tensors: Mapping[str, Tensor], dtype) -> Tensor:
+def _gather_stacked(
+    found: list[Block], tensors: Mapping[str, Tensor], dtype, out: Tensor | None = None
+) -> Tensor:
     """:func:`gather_blocks` of congruent blocks (:func:`_congruent`): the points allocated
     once and every region of every block copied into them in one ``_foreach_copy_`` (its
     heads' factors as views, :meth:`Region.factor_parts`); parameters of another dtype than
     ``dtype``: each region stacked, its heads' factors formed in one batch, one
-    concatenation."""
+    concatenation. ``out``: the points' tensor to write into."""
     first, n = found[0], len(found)
     heads, rows = first.heads, []
     values = [
@@ -208,7 +221,8 @@ def _gather_stacked(found: list[Block], tensors: Mapping[str, Tensor], dtype) ->
     ]
     if all(v.dtype == dtype for region in values for v in region):
         k, h = sum(r.k for r in first.regions), first.regions[0].width
-        out = torch.empty((n * heads, k, h), dtype=dtype, device=values[0][0].device)
+        if out is None:
+            out = torch.empty((n * heads, k, h), dtype=dtype, device=values[0][0].device)
         y, start = out.view(n, heads, k, h), 0
         targets: list[Tensor] = []
         sources: list[Tensor] = []
@@ -228,7 +242,8 @@ def _gather_stacked(found: list[Block], tensors: Mapping[str, Tensor], dtype) ->
             factor = region.reshape(n, c, heads, g, h).permute(0, 2, 3, 1, 4)
             factor = factor.reshape(n * heads, g * c, h)
         rows.append(factor.to(dtype))
-    return rows[0] if len(rows) == 1 else torch.cat(rows, dim=1)
+    points = rows[0] if len(rows) == 1 else torch.cat(rows, dim=1)
+    return points if out is None else out.copy_(points)
 
 
 def _write_stacked(found: list[Block], points: Tensor, tensors: Mapping[str, Tensor]) -> None:

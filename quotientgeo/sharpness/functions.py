@@ -84,7 +84,8 @@ def geodesic_sharpness(
             measure it), ``"batches"`` otherwise. Without a process group it changes nothing.
         return_perturbation: also return each batch's worst perturbation ``ξ*`` in parameter
             coordinates (``SharpnessResult.perturbations``; one parameter-sized copy per batch).
-        compile: the adaptive rest's Gram pass and step of every iteration by kernels compiled with
+        compile: the adaptive rest's Gram pass and step, and the step of the symmetric
+            parameters' iterates, of every iteration by kernels compiled with
             :func:`torch.compile` (:mod:`quotientgeo.sharpness.fused`): the same values to
             rounding, fewer passes over the parameters, a compilation on first use.
 

@@ -125,7 +125,7 @@ class Measure(abc.ABC):
                 without one).
             compile: run the hot passes by kernels compiled with :func:`torch.compile`
                 where the measure has them (worst-case sharpness: the adaptive rest's Gram
-                pass and step, :mod:`quotientgeo.sharpness.fused`); the values agree with the
+                pass and the step, :mod:`quotientgeo.sharpness.fused`); the values agree with the
                 eager passes to rounding. A measure without such passes ignores it.
         """
 
@@ -306,10 +306,10 @@ class SharpnessMeasure(Measure):
                 without one.
             return_perturbation: worst case only: also return each batch's worst
                 perturbation ``ξ*`` in parameter coordinates.
-            compile: take the adaptive rest's Gram pass and step of every Auto-PGD
+            compile: take the adaptive rest's Gram pass and the step of every Auto-PGD
                 iteration by kernels compiled with :func:`torch.compile`
                 (:mod:`quotientgeo.sharpness.fused`; the first iterations compile them, once
-                per number of parameters a piece holds; average sharpness has neither). The
+                per number of parameters in a call; average sharpness has neither). The
                 values agree with the eager passes to rounding.
         """
         if not isinstance(compile, bool):

@@ -48,6 +48,10 @@ end                     ``PREVIOUS``:         ``PREVIOUS``              ``OWN``
 (:meth:`best_iterate`)  ξ_{k-1} ← ξ_k
 ======================  ====================  ========================  ========================
 
+With ``compile`` (:mod:`.fused`) the step from ``PREVIOUS`` copies ``ξ_{k-1}``'s values to the
+fresh buffers, which become the best point's, and writes ``ξ_k`` into ``ξ_{k-1}``'s own: the
+same memory, and the step's kernels are those of every other step.
+
 The backward pass does not read a weight again once that weight's gradient is accumulated, so
 from then on a symmetric parameter's own storage can hold ``ξ_k``, and ``ξ_k``'s buffer can go
 (:meth:`Objective._park`). The symmetric parameters are parked in groups: consecutive in the
@@ -90,13 +94,14 @@ from ..geometry.perturbation import (
     BasePoint,
     Perturbations,
     Piece,
+    Segment,
     Sums,
     empty_like_together,
     mirror_upper,
 )
 from ..heap import release_free_memory
 from ..linalg import DeferredChecks
-from .fused import fused_gram, fused_step
+from .fused import fusable, fused_gram, fused_held_step, fused_step
 from .ranks import Local, add_note
 
 Tensor = torch.Tensor
@@ -144,8 +149,8 @@ class Objective:
         x0: the starting weights by name (local parts; written back by the caller).
         ranks: the rank mode (losses and gradients averaged over ranks with ``split_batch``).
         worst_case: keep ``previous`` and ``best`` (Auto-PGD); without, one scratch buffer.
-        compiled: take the adaptive rest's Gram pass and step by compiled kernels, one per
-            piece (:mod:`quotientgeo.sharpness.fused`), where the piece allows it.
+        compiled: take the adaptive rest's Gram pass and the step by compiled kernels
+            (:mod:`quotientgeo.sharpness.fused`), where the pieces allow it.
     """
 
     def __init__(
@@ -267,13 +272,26 @@ class Objective:
         """Weights ``← γ_ξ(1)`` for ``ξ = source``: the symmetry blocks by their map (or
         ``x + ξ`` with ``first_order``), every other entry ``x + ξ``."""
         self._unpark()
-        names = set(self.space.params) if first_order else self.straight
-        for piece in self.space.pieces:
-            if names.isdisjoint(piece.names):
-                continue
-            piece.write_sum_(self.weights, self.x0, piece.entries(source, self.dtype), names)
+        self._write_sums_(source, set(self.space.params) if first_order else self.straight)
         if not first_order:
             self._move_blocks_(source)
+
+    def _write_sums_(self, source: Mapping[str, Tensor], names: set[str]) -> None:
+        """Weights ``← x0 + source`` at every entry of the parameters ``names``: where the
+        three are plain views in the compute dtype, for all pieces together in two ``_foreach``
+        operators (in place, no temporary); elsewhere piece by piece."""
+        plain: list[Segment] = []
+        for piece in self.space.pieces:
+            part = _segments_of(piece, names)
+            if part is None:
+                continue
+            if fusable(part, (self.weights, self.x0, source), self.dtype):
+                plain += part.segments
+            else:
+                part.write_sum_(self.weights, self.x0, part.entries(source, self.dtype))
+        if plain:
+            together = Piece(tuple(plain))
+            together.write_sum_(self.weights, self.x0, together.entries(source, self.dtype))
 
     def _move_blocks_(self, source: Mapping[str, Tensor]) -> None:
         """The symmetry blocks of the weights ``← γ_ξ(1)`` for ``ξ = source``."""
@@ -406,24 +424,37 @@ class Objective:
         release_free_memory(self.device, self.space.held_bytes)
         grads = self.gradients()
         sums = Sums(self.space, (3, 3))
+        parts = list(self.space.parts())
+        if self.compiled:  # one compiled kernel for the rest (quotientgeo.sharpness.fused)
+            tensors = (self.weights, self.x0, self.previous, grads)
+            fused = [
+                part
+                for part in parts
+                if isinstance(part, Piece)
+                and self._off_weights(part)
+                and fusable(part, tensors, self.dtype)
+            ]
+            K = fused_gram(fused, *tensors, self.dtype)
+            if K is not None:
+                sums.add(fused[0], K)
+                taken = {id(part) for part in fused}
+                parts = [part for part in parts if id(part) not in taken]
         with self.diagnosis.located(), self.checks:
-            for part in self.space.parts():
-                if isinstance(part, Piece) and self.compiled and self._off_weights(part):
-                    K = fused_gram(part, self.weights, self.x0, self.previous, grads, self.dtype)
-                    if K is not None:  # one compiled kernel (quotientgeo.sharpness.fused)
-                        sums.add(part, K)
-                        continue
+            for part in parts:
                 s = self.base.space(part)
                 if isinstance(part, Piece):  # ξ_k, ξ_{k-1}, g read in one concatenation
                     sums.add(
                         part, part.gradient_gram_(s, self._xi_entries(part), self.previous, grads)
                     )
                     continue
-                xi = part.read(self.current, self.dtype)  # a chunk: ξ_k is held
-                prev = part.read(self.previous, self.dtype)
-                g = s.rgrad(s.pullback(xi, part.read(grads, self.dtype)))
+                # a chunk (ξ_k is held): ξ_k, ξ_{k-1} and g read into the rows of one tensor
+                rows = s.point.x.new_empty((3, *s.point.x.shape))
+                xi, prev, g = rows.unbind(0)
+                part.read(self.current, self.dtype, out=xi)
+                part.read(self.previous, self.dtype, out=prev)
+                g.copy_(s.rgrad(s.pullback(xi, part.read(grads, self.dtype))))
                 part.write_(grads, g)
-                sums.add(part, s.stacked_gram(torch.stack((xi, prev, g))))
+                sums.add(part, s.stacked_gram(rows))
         return mirror_upper(sums.total())  # the parts' products, mirrored once
 
     @torch.no_grad()
@@ -437,29 +468,22 @@ class Objective:
         ``PREVIOUS`` to ``OWN``."""
         grads = self.gradients()
         c = c.to(self.dtype)
-        c0, c1, c2 = c.unbind()
         best_is_previous = self._best is Best.PREVIOUS  # ξ_{k-1} stays, as the best point
         target, previous = dict(self.current), dict(self.previous)  # where ξ_{k+1}, ξ_k go
+        best = dict(self.previous)  # where ξ_{k-1} stays, if it is the best point
+        stepped = self._fused_straight_step(grads, c) if not best_is_previous else {}
         for i, piece in enumerate(self.space.pieces):
-            part: Piece | None = piece
-            if self.compiled and not best_is_previous:  # ξ_k goes into ξ_{k-1}'s own buffers
-                part = self._fused_step(piece, grads, c)
+            done = stepped.get(i, set())
+            if self.compiled:
+                done |= self._fused_piece_step(
+                    piece, grads, c, target, best if best_is_previous else None, done
+                )
+            part = _segments_of(piece, set(piece.names) - done)
             if part is not None:
-                parked = [n for n in part.names if n in self._parked]
-                parked = [n for n in parked if target[n] is self.current[n]]
-                target.update(_fresh(self.current, parked))
-                if best_is_previous:
-                    kept = [n for n in part.names if previous[n] is self.previous[n]]
-                    previous.update(_fresh(self.previous, kept))
-                xi = self._xi_entries(part)
-                new = self._combination(part, (c0, c1, c2), xi, grads)
-                part.write_(previous, xi)
-                part.write_(target, new, target)
-                if not self.straight.isdisjoint(part.names):
-                    part.write_sum_(self.weights, self.x0, new, self.straight)
+                self._eager_step(part, grads, c, target, previous, best_is_previous)
             self._free_gradients(piece, i, grads)
         if best_is_previous:
-            self._best, self.best = Best.OWN, self.previous
+            self._best, self.best = Best.OWN, best
         elif self._best is Best.CURRENT:
             self._best = Best.PREVIOUS
         self.current, self.previous = target, previous
@@ -468,22 +492,98 @@ class Objective:
             p.grad = None
         self._move_blocks_(self.current)
 
-    def _fused_step(self, piece: Piece, grads: Mapping[str, Tensor], c: Tensor) -> Piece | None:
-        """The step of :meth:`advance` on the segments of ``piece`` that move along straight
-        lines with ``ξ_k`` in the weights, by one compiled kernel
-        (:func:`~quotientgeo.sharpness.fused.fused_step`); returns what is left for the eager
-        step (the piece itself where the kernel does not apply, ``None`` where nothing is)."""
+    def _eager_step(
+        self,
+        part: Piece,
+        grads: Mapping[str, Tensor],
+        c: Tensor,
+        target: dict[str, Tensor],
+        previous: dict[str, Tensor],
+        best_is_previous: bool,
+    ) -> None:
+        """The step of :meth:`advance` at the entries of ``part``, by ``_foreach`` operators:
+        ``target ← ξ_{k+1}`` (fresh buffers for ``ξ_k`` parked in the weights), ``previous ←
+        ξ_k`` (fresh buffers where ``ξ_{k-1}`` stays as the best point), the straight
+        parameters' weights ``← x0 + ξ_{k+1}``."""
+        parked = [n for n in part.names if n in self._parked]
+        parked = [n for n in parked if target[n] is self.current[n]]
+        target.update(_fresh(self.current, parked))
+        if best_is_previous:
+            kept = [n for n in part.names if previous[n] is self.previous[n]]
+            previous.update(_fresh(self.previous, kept))
+        c0, c1, c2 = c.unbind()
+        xi = self._xi_entries(part)
+        new = self._combination(part, (c0, c1, c2), xi, grads)
+        part.write_(previous, xi)
+        part.write_(target, new, target)
+        if not self.straight.isdisjoint(part.names):
+            part.write_sum_(self.weights, self.x0, new, self.straight)
+
+    def _fused_straight_step(self, grads: Mapping[str, Tensor], c: Tensor) -> dict[int, set[str]]:
+        """With ``compile``, the step of :meth:`advance` at every entry that moves along a
+        straight line with ``ξ_k`` in the weights, for all pieces in one compiled kernel
+        (:func:`~quotientgeo.sharpness.fused.fused_step`; it allocates nothing, so the
+        gradients need not be freed piece by piece); by piece index, the names it took."""
+        if not self.compiled:
+            return {}
         moving = self.straight.difference(self.current)
-        straight = tuple(seg for seg in piece.segments if seg.name in moving)
-        if not straight:
-            return piece
-        part = piece if len(straight) == len(piece.segments) else Piece(straight, piece.manifold)
-        if piece.sharded or not fused_step(
-            part, self.weights, self.x0, self.previous, grads, c, self.dtype
-        ):
-            return piece
-        rest = tuple(seg for seg in piece.segments if seg.name not in moving)
-        return Piece(rest, piece.manifold) if rest else None
+        tensors = (self.weights, self.x0, self.previous, grads)
+        parts = {}
+        for i, piece in enumerate(self.space.pieces):
+            part = _segments_of(piece, moving)
+            if part is not None and fusable(part, tensors, self.dtype):
+                parts[i] = part
+        if not fused_step(list(parts.values()), *tensors, c, self.dtype):
+            return {}
+        return {i: set(part.names) for i, part in parts.items()}
+
+    def _fused_piece_step(
+        self,
+        piece: Piece,
+        grads: Mapping[str, Tensor],
+        c: Tensor,
+        target: dict[str, Tensor],
+        best: dict[str, Tensor] | None,
+        done: set[str],
+    ) -> set[str]:
+        """With ``compile``, the step of :meth:`advance` at the entries of ``piece`` that the
+        compiled kernels take, other than ``done``: those that move along straight lines where
+        ``ξ_{k-1}`` stays as the best point (``best``;
+        :func:`~quotientgeo.sharpness.fused.fused_step` after ``ξ_{k-1}`` is copied to the best
+        point's buffers), and those whose ``ξ_k`` is parked in the weights
+        (:func:`~quotientgeo.sharpness.fused.fused_held_step` into fresh buffers for
+        ``ξ_{k+1}``); the names it took."""
+        out: set[str] = set()
+        moving = self.straight.difference(self.current).difference(done)
+        part = _segments_of(piece, moving) if best is not None else None
+        tensors = (self.weights, self.x0, self.previous, grads)
+        if part is not None and fusable(part, tensors, self.dtype):
+            assert best is not None
+            self._keep_previous(part, best)
+            fused_step([part], *tensors, c, self.dtype)
+            out.update(part.names)
+        held = _segments_of(piece, self._parked.difference(done))
+        if held is None:
+            return out
+        fresh = [n for n in held.names if target[n] is self.current[n]]
+        target.update(_fresh(self.current, fresh))
+        tensors = (self.current, self.previous, grads, target)
+        if not fusable(held, tensors, self.dtype):
+            return out
+        if best is not None:
+            self._keep_previous(held, best)
+        fused_held_step([held], *tensors, c, self.dtype)
+        partial = _segments_of(held, self.straight)  # their other entries move straight
+        if partial is not None:
+            partial.write_sum_(self.weights, self.x0, partial.entries(target, self.dtype))
+        return out | set(held.names)
+
+    def _keep_previous(self, part: Piece, best: dict[str, Tensor]) -> None:
+        """``best ← ξ_{k-1}`` at the entries of ``part``, into fresh buffers (at a parameter's
+        first piece), so that ``ξ_{k-1}``'s own may take ``ξ_k``."""
+        new = [n for n in part.names if best[n] is self.previous[n]]
+        best.update(_fresh(self.previous, new))
+        part.write_(best, part.entries(self.previous, self.dtype))
 
     def _free_gradients(self, piece: Piece, i: int, grads: dict[str, Tensor]) -> None:
         """Free the gradients of the parameters whose last piece is ``piece`` (the ``i``-th)."""
@@ -665,3 +765,14 @@ def _fresh(tensors: Mapping[str, Tensor], names: list[str]) -> dict[str, Tensor]
     views of one allocation (:func:`empty_like_together`): at most a piece's worth of memory is
     held until its last view is dropped."""
     return dict(zip(names, empty_like_together([tensors[n] for n in names]), strict=True))
+
+
+def _segments_of(piece: Piece, names) -> Piece | None:
+    """``piece``'s segments of the parameters ``names`` (the piece itself where that is all of
+    them; ``None`` where none)."""
+    segments = tuple(seg for seg in piece.segments if seg.name in names)
+    if not segments:
+        return None
+    if len(segments) == len(piece.segments):
+        return piece
+    return Piece(segments, piece.manifold, piece.sharded)

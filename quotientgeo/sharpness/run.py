@@ -60,7 +60,7 @@ def run(
     """The measure ``case`` on the ball of radius ``rho`` of ``geometry`` (the map
     ``perturbation``, the metric ``norm``) of ``model`` over ``batches``; ``settings`` are
     recorded in the result, ``description`` names the progress bar; ``compile``: the adaptive
-    rest's Gram pass and step by compiled kernels (:mod:`quotientgeo.sharpness.fused`)."""
+    rest's Gram pass and the step by compiled kernels (:mod:`quotientgeo.sharpness.fused`)."""
     check_model(model)
     check_loss_fn(loss_fn)
     check_batches(batches)

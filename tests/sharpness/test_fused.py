@@ -3,9 +3,11 @@
 
 The Gram kernel's ``K`` equals ``V diag(1/ŵ²) Vᵀ`` of ``V = (w̃ - x₀, ξ', ŵ²∇)`` formed densely
 in float64, and the eager :meth:`Piece.gradient_gram_`, to rounding; its ``g = ŵ² ∇`` equals the
-eager one bit for bit. The step kernel writes ``ξ' ← w̃ - x₀`` and ``w̃ ← x₀ + c₀ξ + c₁ξ' + c₂g``.
-Whole measurements with and without them agree in float64 and leave the model as it was; the
-dispatcher sees one operator per piece and pass. Pieces that do not qualify take the eager path.
+eager one bit for bit. The step kernel writes ``ξ' ← w̃ - x₀`` and ``w̃ ← x₀ + c₀ξ + c₁ξ' + c₂g``;
+the held step, for an iterate held in tensors of its own, ``ξ' ← ξ`` and ``c₀ξ + c₁ξ' + c₂g``
+into new tensors. Whole measurements with and without them agree in float64 and leave the model
+as it was; the dispatcher sees one operator per pass for all the pieces together. Pieces that do
+not qualify take the eager path.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from hypothesis import strategies as st
 from quotientgeo import AdaptiveGeometry, adaptive_sharpness, geodesic_sharpness
 from quotientgeo.bench.cost import CostCounter
 from quotientgeo.geometry.perturbation import Piece, Segment
-from quotientgeo.sharpness.fused import fused_gram, fused_step
+from quotientgeo.sharpness import fused
+from quotientgeo.sharpness.fused import fused_gram, fused_held_step, fused_step
 from quotientgeo.testing import TinyTransformerClassifier, cross_entropy
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "geometry"))  # the families' tiny models
@@ -79,7 +82,7 @@ def test_fused_gram_equals_the_formula_and_the_eager_pass(sizes, seed):
     xi = piece.differences(weights, x0, torch.float64)
     eager = piece.gradient_gram_(space, xi, prev, eager_grads)
 
-    K = fused_gram(piece, weights, x0, prev, grads, torch.float64)
+    K = fused_gram([piece], weights, x0, prev, grads, torch.float64)
     assert K is not None
     assert torch.equal(K, K.mT)  # each sum taken once
     scale = expected.diagonal().sqrt()
@@ -102,11 +105,59 @@ def test_fused_step_is_the_combination(sizes, seed):
     xi = {n: weights[n] - x0[n] for n in weights}
     expected = {n: x0[n] + (c[2] * grads[n] + c[1] * prev[n] + c[0] * xi[n]) for n in weights}
     before = {n: t.clone() for n, t in grads.items()}
-    assert fused_step(piece, weights, x0, prev, grads, c, torch.float64)
+    assert fused_step([piece], weights, x0, prev, grads, c, torch.float64)
     for n in weights:
         assert torch.equal(prev[n], xi[n])
         assert torch.allclose(weights[n], expected[n], rtol=1e-15, atol=1e-300)
         assert torch.equal(grads[n], before[n])
+
+
+@settings(max_examples=4, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 300), min_size=1, max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_fused_held_step_is_the_combination(sizes, seed):
+    """``ξ_k`` held in tensors of its own (the symmetric parameters' weights, where it is
+    parked): ``targets ← c₀ξ + c₁ξ' + c₂g`` and ``ξ' ← ξ``, the gradients untouched."""
+    piece, xi, _, prev, grads = _piece(sizes, seed)
+    c = torch.randn(3, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    expected = {n: c[2] * grads[n] + c[1] * prev[n] + c[0] * xi[n] for n in xi}
+    held = {n: t.clone() for n, t in xi.items()}
+    before = {n: t.clone() for n, t in grads.items()}
+    targets = {n: torch.full_like(t, torch.nan) for n, t in xi.items()}
+    assert fused_held_step([piece], xi, prev, grads, targets, c, torch.float64)
+    for n in xi:
+        assert torch.equal(prev[n], held[n]) and torch.equal(xi[n], held[n])
+        assert torch.equal(targets[n], expected[n])
+        assert torch.equal(grads[n], before[n])
+
+
+def test_pieces_in_one_call_are_the_pieces_one_by_one():
+    """The rest's pieces go to the kernels in one call: the Gram matrices add up, the step is
+    the same, bit for bit, and a piece that does not qualify leaves the whole call undone."""
+    piece, weights, x0, prev, grads = _piece([40, 7, 300], 5)
+    first, second = (
+        Piece(piece.segments[:1], piece.manifold),
+        Piece(piece.segments[1:], piece.manifold),
+    )
+    copies = [{n: t.clone() for n, t in grads.items()} for _ in range(2)]
+    together = fused_gram([first, second], weights, x0, prev, copies[0], torch.float64)
+    apart = [fused_gram([p], weights, x0, prev, copies[1], torch.float64) for p in (first, second)]
+    assert together is not None and all(K is not None for K in apart)
+    assert torch.allclose(together, apart[0] + apart[1], rtol=1e-14, atol=0)
+    assert all(torch.equal(copies[0][n], copies[1][n]) for n in grads)
+    c = torch.tensor([0.3, -0.2, 0.05], dtype=torch.float64)
+    states = [[{n: t.clone() for n, t in d.items()} for d in (weights, prev)] for _ in range(2)]
+    assert fused_step([first, second], states[0][0], x0, states[0][1], grads, c, torch.float64)
+    for p in (first, second):
+        assert fused_step([p], states[1][0], x0, states[1][1], grads, c, torch.float64)
+    for a, b in zip(states[0], states[1], strict=True):
+        assert all(torch.equal(a[n], b[n]) for n in a)
+    masked = Piece((Segment("p0", 0, 40, torch.arange(40) % 2 == 0),), piece.manifold)
+    assert fused_gram([second, masked], weights, x0, prev, grads, torch.float64) is None
+    assert not fused_step([second, masked], weights, x0, prev, grads, c, torch.float64)
+    assert fused_gram([], weights, x0, prev, grads, torch.float64) is None
 
 
 def test_pieces_that_do_not_qualify_take_the_eager_path():
@@ -128,10 +179,10 @@ def test_pieces_that_do_not_qualify_take_the_eager_path():
         (sharded, weights),
         (piece, narrow),
     ):
-        assert fused_gram(part, w, x0, prev, grads, torch.float64) is None
+        assert fused_gram([part], w, x0, prev, grads, torch.float64) is None
     c = torch.ones(3, dtype=torch.float64)
-    assert not fused_step(masked, weights, x0, prev, grads, c, torch.float64)
-    assert not fused_step(sharded, weights, x0, prev, grads, c, torch.float64)
+    assert not fused_step([masked], weights, x0, prev, grads, c, torch.float64)
+    assert not fused_step([sharded], weights, x0, prev, grads, c, torch.float64)
     assert all(torch.equal(grads[n], untouched[n]) for n in grads)
 
 
@@ -154,7 +205,7 @@ def _classifier():
     ],
     ids=["adaptive", "geodesic_mix"],
 )
-def test_compiled_measurement_equals_the_eager_one(measure):
+def test_compiled_measurement_equals_the_eager_one(measure, request):
     model, batches = _classifier()
     state = {k: v.clone() for k, v in model.state_dict().items()}
     eager = measure(model=model, loss_fn=cross_entropy, batches=batches, progress=False)
@@ -162,8 +213,10 @@ def test_compiled_measurement_equals_the_eager_one(measure):
         fused = measure(
             model=model, loss_fn=cross_entropy, batches=batches, progress=False, compile=True
         )
-    assert counter.by_op.get("adaptive_gram", 0) >= 2 * 8  # a piece per iteration and batch
-    assert counter.by_op.get("adaptive_step", 0) >= 2 * 8 // 2  # where ξ' is no best point
+    assert counter.by_op.get("adaptive_gram", 0) == 2 * 8  # all pieces in one call
+    assert counter.by_op.get("adaptive_step", 0) >= 2 * 8 // 2
+    if "geodesic" in request.node.callspec.id:  # the symmetric parameters' ξ_k is parked
+        assert counter.by_op.get("held_step", 0) >= 2 * 8 // 2
     assert fused.value == pytest.approx(eager.value, rel=1e-10, abs=1e-14)
     for a, b in zip(fused.per_batch, eager.per_batch, strict=True):
         assert a == pytest.approx(b, rel=1e-10, abs=1e-14)
@@ -188,3 +241,22 @@ def test_compile_must_be_a_bool():
     model, batches = _classifier()
     with pytest.raises(TypeError, match="compile must be True or False"):
         adaptive_sharpness(model, cross_entropy, batches, rho=0.05, compile="yes")
+
+
+def test_the_kernels_compile_for_more_segment_counts_than_torchs_default():
+    """Each number of segments in a call compiles once; the rest in one call and the pieces'
+    held segments in others give more than torch's default of 8 counts, so the calls raise the
+    limit to ``RECOMPILE_LIMIT`` (and torch's own setting is left as it was): every count gets
+    a graph of its own, none runs eagerly."""
+    from torch._dynamo.utils import counters
+
+    config = torch._dynamo.config  # pyright: ignore[reportAttributeAccessIssue]
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    before = getattr(config, name)
+    double = fused._compiled(lambda xs: [x * 2 for x in xs])
+    counters.clear()
+    counts = range(1, before + 3)
+    for n in counts:
+        assert all(torch.equal(y, 2 * torch.ones(2)) for y in double([torch.ones(2)] * n))
+    assert getattr(config, name) == before
+    assert counters["stats"]["unique_graphs"] == len(counts)
