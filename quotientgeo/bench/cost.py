@@ -234,15 +234,18 @@ def _depth(args: argparse.Namespace, layers: int) -> dict[str, Any]:
         b, eb = measure_overhead(name, long)
         rows[name] = {k: (b[k] - a[k]) / args.extra for k in a}
         rows[name]["evaluations"] = (eb - ea) / args.extra
-    rows.update(_optimizers(model, loss_fn, batch, fb, args.steps))
+    rows.update(_optimizers(model, loss_fn, batch, fb, args.steps, args.compile))
     for row in rows.values():
         row["copies"] = row.pop("bytes") / copy
     return {"parameter_bytes": copy, "per_iteration": rows}
 
 
-def _optimizers(model, loss_fn, batch, fb, steps: int) -> dict[str, dict[str, float]]:
-    """Per step of SGD, SAM, ASAM, geodesic SAM and the quotient optimizer, beyond the model's
-    passes (and, for the SAM variants, beyond SGD's step)."""
+def _optimizers(
+    model, loss_fn, batch, fb, steps: int, compile: bool
+) -> dict[str, dict[str, float]]:
+    """Per step of SGD, SAM, ASAM, geodesic SAM (``compile``: with ``compile=True``) and the
+    quotient optimizer, beyond the model's passes (and, for the SAM variants, beyond SGD's
+    step)."""
     import geoopt
 
     from ..optim import GeodesicSAM, quotient_optimizer
@@ -272,7 +275,9 @@ def _optimizers(model, loss_fn, batch, fb, steps: int) -> dict[str, dict[str, fl
 
     out = {"sgd": per_step(torch.optim.SGD(model.parameters(), lr=1e-4), 1)}
     for name, variant in (("sam", "sam"), ("asam", "asam"), ("geodesic_sam", "geodesic")):
-        opt = GeodesicSAM(model, torch.optim.SGD, rho=0.05, variant=variant, lr=1e-4)
+        opt = GeodesicSAM(
+            model, torch.optim.SGD, rho=0.05, variant=variant, lr=1e-4, compile=compile
+        )
         out[name] = _combine((1, per_step(opt, 2)), (-1, out["sgd"]))
     opt = quotient_optimizer(model, geoopt.optim.RiemannianSGD, lr=1e-4)
     out["quotient_optimizer"] = per_step(opt, 1)
@@ -297,8 +302,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compile",
         action="store_true",
-        help="the measures with compile=True (the adaptive rest's Gram pass by compiled kernels, "
-        "each counted as one operator with the bytes it reads and writes)",
+        help="the measures and the SAM variants with compile=True (the rest's passes by "
+        "compiled kernels, each counted as one operator with the bytes it reads and writes)",
     )
     parser.add_argument(
         "--hvp",

@@ -72,6 +72,8 @@ def _checked_sam_arguments(sam: Mapping[str, Any] | None) -> dict[str, Any]:
         option(Perturbation, "perturbation", sam["perturbation"])
     if "metric" in sam:
         checked_metric(sam["metric"])
+    if "compile" in sam and not isinstance(sam["compile"], bool):
+        raise TypeError(f"compile must be True or False, got {sam['compile']!r}")
     return sam
 
 
@@ -93,8 +95,8 @@ class SAMTrainer(Trainer):
 
     ``SAMTrainer(model, args, ..., sam=dict(rho=0.05, variant="geodesic", metric="inv"))``:
     ``sam`` holds the keyword arguments of :class:`~quotientgeo.optim.GeodesicSAM` (``rho``,
-    ``variant``, ``metric``, ``perturbation``, ``symmetries``, ``eps``; ``None``: its
-    defaults); every other argument is the Trainer's. An unknown key raises ``TypeError``,
+    ``variant``, ``metric``, ``perturbation``, ``symmetries``, ``eps``, ``compile``; ``None``:
+    its defaults); every other argument is the Trainer's. An unknown key raises ``TypeError``,
     a bad value ``ValueError``, when the trainer is built.
 
     **The optimizer.** The Trainer builds its optimizer as usual (``args.optim``, learning

@@ -38,7 +38,9 @@ from ..geometry.symmetries import geometry_of
 from ..linalg import deferred_checks
 from ..manifolds import AdaptiveGeometry, EuclideanGeometry, QuotientManifold
 from ..options import Perturbation, checked_metric, option
+from ..sharpness.fused import fusable
 from ..validation import positive_real
+from .fused import fusable_metric, fused_rest_sqnorm, fused_rest_step
 
 Tensor = torch.Tensor
 
@@ -76,6 +78,11 @@ class GeodesicSAM(torch.optim.Optimizer):
             by default: like every PyTorch optimizer, the steps use ``.grad`` as it is, which
             is right under ``DistributedDataParallel`` (it averages in ``backward``) and when
             the ranks train different models.
+        compile: take the two passes over the rest (the parameters without symmetry; every
+            parameter for SAM and ASAM) by kernels compiled with :func:`torch.compile`
+            (:mod:`quotientgeo.optim.fused`; the first steps compile them), one call per pass
+            for all of the rest: the norm agrees with the eager path's to rounding, and the
+            step is the eager path's formula in its order.
 
     ``param_groups`` are the base optimizer's (so learning-rate schedulers built on either
     object act on both), ``state_dict()``/``load_state_dict()`` are the base optimizer's.
@@ -96,6 +103,7 @@ class GeodesicSAM(torch.optim.Optimizer):
         symmetries: str | ParameterGeometry = "auto",
         eps: float | None = None,
         average_gradients: bool = False,
+        compile: bool = False,
         **kwargs: Any,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -105,11 +113,14 @@ class GeodesicSAM(torch.optim.Optimizer):
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         perturbation = option(Perturbation, "perturbation", perturbation)
         metric = checked_metric(metric)
+        if not isinstance(compile, bool):
+            raise TypeError(f"compile must be True or False, got {compile!r}")
         if not callable(base_optimizer):
             raise TypeError("base_optimizer must be an optimizer class, e.g. torch.optim.AdamW")
         self.model = model
         self.variant = variant
         self.average_gradients = bool(average_gradients)
+        self.compiled = compile
         self.geometry: ParameterGeometry = self._geometry(model, variant, symmetries, metric, eps)
         if not self.geometry.params:
             raise ValueError("the model has no trainable parameters (requires_grad=True)")
@@ -172,6 +183,10 @@ class GeodesicSAM(torch.optim.Optimizer):
 
         base = BasePoint(weights, dtype)  # the factors of both passes computed once
 
+        # the chunks' gradients kept for the second pass, with their points where both fit,
+        # within one piece's memory (what a piece of the rest's passes allocates); the others
+        # computed again there
+        budget = space.piece_size * dtype.itemsize
         with diagnosis.located():
             sums, kept, held = Sums(space), {}, 0
             with deferred_checks():  # the factorisations checked in one host read
@@ -179,14 +194,18 @@ class GeodesicSAM(torch.optim.Optimizer):
                     s = base.space(chunk, chunk.read(weights, dtype))
                     g = s.rgrad(chunk.read(grads, dtype))
                     sums.add(chunk, s.sqnorm(g))
-                    # the chunks' gradients kept for the second pass, with their points where
-                    # both fit, within one chunk's memory; the others computed again there
                     size = g.numel() * g.element_size()
-                    if held + 2 * size <= space.chunk_bytes:
+                    if held + 2 * size <= budget:
                         kept[id(chunk)], held = (s, g), held + 2 * size
-                    elif held + size <= space.chunk_bytes:
+                    elif held + size <= budget:
                         kept[id(chunk)], held = (None, g), held + size
-            for piece in space.rest:
+            fused = self._fused_rest(weights, grads)
+            value = fused_rest_sqnorm(fused, self.rest, weights, grads, dtype) if fused else None
+            if value is None:
+                fused = []
+            else:
+                sums.add(fused[0], value)
+            for piece in self._eager_rest(fused):
                 sums.add(piece, self._rest_sqnorm(piece, weights, grads))
             norm = sums.total()
             scale = rho / (norm.sqrt() + torch.finfo(norm.dtype).tiny)
@@ -201,13 +220,28 @@ class GeodesicSAM(torch.optim.Optimizer):
                         if g is None:
                             g = s.rgrad(chunk.read(grads, dtype))
                         chunk.write_(weights, s.move(g * scale))
-                for piece in space.rest:
+                if fused:
+                    fused_rest_step(fused, self.rest, weights, grads, scale, dtype)
+                for piece in self._eager_rest(fused):
                     self._rest_step_(piece, weights, grads, scale)
             except BaseException:
                 self.restore()
                 raise
         if zero_grad:
             self.zero_grad()
+
+    def _fused_rest(self, weights, grads) -> list[Piece]:
+        """With ``compile``, the pieces of the rest that the compiled kernels take (every one
+        whose segments are plain views, :func:`~quotientgeo.sharpness.fused.fusable`, in a
+        metric they know); else none."""
+        if not self.compiled or not fusable_metric(self.rest):
+            return []
+        return [p for p in self.space.rest if fusable(p, (weights, grads), self.space.dtype)]
+
+    def _eager_rest(self, fused: list[Piece]) -> list[Piece]:
+        """The pieces of the rest that the eager passes take: those not in ``fused``."""
+        taken = {id(piece) for piece in fused}
+        return [piece for piece in self.space.rest if id(piece) not in taken]
 
     # The adaptive rest (every parameter for SAM and ASAM) moves along straight lines in an
     # element-wise metric, ``ξ = ρ ŵ² ∇ / ||ŵ ∇||`` (``ŵ = 1`` for SAM): its two passes run on

@@ -353,6 +353,7 @@ def test_weight_decay_groups_are_the_trainers(tmp_path):
         (dict(variant="adam"), ValueError, "variant"),
         (dict(perturbation="third_order"), ValueError, "perturbation"),
         (dict(metric="flat"), ValueError, "metric"),
+        (dict(compile="yes"), TypeError, "compile"),
         ([("rho", 0.05)], TypeError, "dict of GeodesicSAM arguments"),
     ],
 )

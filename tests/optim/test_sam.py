@@ -218,6 +218,8 @@ def test_bad_input():
         sgd(model, metric="flat")
     with pytest.raises(ValueError, match="perturbation"):
         sgd(model, perturbation="third_order")
+    with pytest.raises(TypeError, match="compile"):
+        sgd(model, compile=1)
     with pytest.raises(ValueError, match="another model"):
         sgd(model, symmetries=find_symmetries(copy.deepcopy(model)))
     frozen = nn.Linear(3, 2).requires_grad_(False)

@@ -1,9 +1,11 @@
 """GeodesicSAM's first step against the straightforward formula, part by part.
 
 The adaptive rest (every parameter for SAM and ASAM) is stepped with ``_foreach`` operators on
-the parameters' own tensors; here the same step is computed through the manifold API alone,
-``ξ = ρ grad / ||grad||`` with, for every part, ``grad = rgrad(∇)`` (the rest's ``ŵ² ∇``, SAM's
-``∇``), ``||grad||² = Σ sqnorm(grad)`` and the part's move of ``ξ``, over random models, seeds,
+the parameters' own tensors, or with ``compile=True`` by one compiled kernel per pass for all
+the pieces that are plain views (counted at the dispatcher); here the same step is computed
+through the manifold API alone, ``ξ = ρ grad / ||grad||`` with, for every part,
+``grad = rgrad(∇)`` (the rest's ``ŵ² ∇``, SAM's ``∇``), ``||grad||² = Σ sqnorm(grad)`` and the
+part's move of ``ξ``, over random models, seeds,
 piece sizes (parameters shared by pieces and sliced into several), chunk sizes and budgets
 (symmetry blocks whose gradients and points are kept for the second pass, or only their
 gradients, or neither), weights at the floor (exact zeros, and a floor of 0.05 that many
@@ -23,6 +25,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from quotientgeo import ParameterGeometry
+from quotientgeo.bench.cost import CostCounter
 from quotientgeo.geometry import Source
 from quotientgeo.geometry import perturbation as pt
 from quotientgeo.manifolds import AdaptiveGeometry
@@ -51,20 +54,31 @@ def expected_first_step(opt: GeodesicSAM) -> dict[str, torch.Tensor]:
 
 
 def check(
-    model: nn.Module, loss_fn, *, rtol: float, atol: float, floor=None, budget=None, **kw
+    model: nn.Module,
+    loss_fn,
+    *,
+    rtol: float,
+    atol: float,
+    floor=None,
+    budget=None,
+    fused_calls: int = 0,
+    **kw,
 ) -> None:
     opt = GeodesicSAM(model, torch.optim.SGD, lr=0.1, **kw)
-    if budget is not None:  # what the first pass may keep, in chunks' gradients
+    if budget is not None:  # what the first pass may keep (a piece's bytes), in chunks' gradients
         chunk = next(opt.space.all_chunks())
         size = chunk.read(opt.space.local(), opt.space.dtype).nbytes
-        opt.space.chunk_bytes = int(budget * size)
+        opt.space.piece_size = int(budget * size) // opt.space.dtype.itemsize
     if floor is not None and isinstance(opt.rest, AdaptiveGeometry):
         opt.rest.floor = floor  # (the pieces' manifold): weights below it are at the floor
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     loss_fn(model).backward()
     expected = expected_first_step(opt)
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    opt.first_step()
+    with CostCounter() as counter:
+        opt.first_step()
+    calls = [counter.by_op.get(name, 0) for name in ("rest_sqnorm", "rest_step")]
+    assert calls == [fused_calls, fused_calls]  # each compiled pass one call for all pieces
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.detach(), expected[name], rtol=rtol, atol=atol, msg=name)
         assert torch.equal(p.grad, grads[name])  # the gradients are read, not written
@@ -142,9 +156,12 @@ def test_chunks_kept_for_the_second_pass_or_computed_again(budget, metric):
         )
 
 
+@pytest.mark.parametrize("compile", [False, True])
 @pytest.mark.parametrize("variant", ["sam", "asam", "geodesic"])
-def test_masked_rest_entries(variant):
-    """Hidden units 0..3 as GL(1) pairs: both weights partly in the rest (masked segments)."""
+def test_masked_rest_entries(variant, compile):
+    """Hidden units 0..3 as GL(1) pairs: both weights partly in the rest (masked segments);
+    compiled, the masked segments' pieces take the eager passes (geodesic: every piece here),
+    the others the kernels."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).to(DT)
     symmetries = ParameterGeometry(model).add_gl_pair(
@@ -159,6 +176,8 @@ def test_masked_rest_entries(variant):
         rtol=1e-13,
         atol=1e-15,
         variant=variant,
+        compile=compile,
+        fused_calls=int(compile and variant != "geodesic"),
         **kw,
     )
     if variant == "geodesic":
@@ -166,20 +185,56 @@ def test_masked_rest_entries(variant):
         assert any(seg.mask is not None for piece in opt.space.rest for seg in piece.segments)
 
 
+@pytest.mark.parametrize("compile", [False, True])
 @pytest.mark.parametrize("variant", ["sam", "asam"])
-def test_non_contiguous_parameter(variant):
+def test_non_contiguous_parameter(variant, compile):
+    """Compiled, the piece of the non-contiguous parameter takes the eager passes."""
     torch.manual_seed(1)
     model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2)).to(DT)
     model[0].weight = nn.Parameter(torch.randn(5, 4, dtype=DT).t())  # a transposed view
     assert not model[0].weight.is_contiguous()
     x = torch.randn(6, 5, dtype=DT)
-    check(model, lambda m: m(x).square().mean(), rtol=1e-13, atol=1e-15, variant=variant)
+    kw = {"variant": variant, "compile": compile}
+    check(model, lambda m: m(x).square().mean(), rtol=1e-13, atol=1e-15, **kw)
+
+
+@pytest.mark.parametrize("variant", ["sam", "asam", "geodesic"])
+def test_compiled_rest_matches_the_formula(variant):
+    """``compile=True``: the rest's two passes are one compiled kernel each for all its pieces
+    (small parameters shared by pieces, large ones sliced), and the step is the formula's to
+    the eager path's tolerance (the norm's sums are taken in another order), with exact zeros
+    and weights below a floor of 0.05 (most of them)."""
+    seed, floor = 5, 0.05
+    torch.manual_seed(seed)
+    model = TinyTransformerClassifier(d=16, heads=4, layers=2, classes=3).to(DT)
+    zero_some_(model, 0.3, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(4, 3, 16, generator=gen, dtype=DT)
+    y = torch.randint(0, 3, (4,), generator=gen)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pt, "PIECE", 100)  # several pieces, one call
+        mp.setattr(pt, "SMALL", 100)
+        mp.setattr(pt, "MIN_CHUNK_BYTES", 100)
+        mp.setattr(pt, "CHUNK_FRACTION", 1e-9)
+        check(
+            model,
+            lambda m: nn.functional.cross_entropy(m(x), y),
+            rtol=1e-13,
+            atol=1e-15,
+            floor=floor,
+            rho=0.05,
+            variant=variant,
+            compile=True,
+            fused_calls=1,
+        )
 
 
 @pytest.mark.filterwarnings("ignore:the model has torch.bfloat16 parameters")
+@pytest.mark.parametrize("compile", [False, True])
 @pytest.mark.parametrize("variant", ["sam", "asam", "geodesic"])
-def test_bfloat16_weights(variant):
-    """The compute dtype (float32) differs from the weights': pieces read as one vector."""
+def test_bfloat16_weights(variant, compile):
+    """The compute dtype (float32) differs from the weights': pieces read as one vector (and
+    compiled, by the eager passes)."""
     torch.manual_seed(2)
     model = TinyTransformerClassifier(d=8, heads=2, layers=1, classes=3).to(torch.bfloat16)
     x = torch.randn(4, 3, 8, dtype=torch.bfloat16)
@@ -190,6 +245,7 @@ def test_bfloat16_weights(variant):
         rtol=2**-7,
         atol=0.0,
         variant=variant,
+        compile=compile,
     )
 
 

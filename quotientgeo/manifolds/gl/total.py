@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ...linalg import cholesky, cholesky_inverse, gram, mT
+from ...linalg import cholesky, cholesky_inverse, gram, identity, mT
 from ...validation import positive_int, real_in
 from ..base import AtPoint, metric_variant
 from ..ode import rk4
@@ -223,8 +223,32 @@ class GLTotalSpace(TotalSpace):
         """Symmetric bilinear ``Γ(u, v)``: per factor ``F C_F + u_F C_uF + v_F C_vF``, the
         coefficients from :meth:`gamma_coefficients`, accumulated into one output."""
         p = self.at(x)
-        self._check_vector(p, u)
         v = u if v is None else v
+        same = v is u
+        cG, cH = self._christoffel_coefficients(p, u, v)
+        out = self._blockwise(u, cG[1], cH[1])
+        if not same:
+            cvG, cvH = cG[2], cH[2]
+            assert cvG is not None and cvH is not None  # the bilinear form has them
+            self._blockwise(v, cvG, cvH, add=out, into=True)
+        return self._blockwise(p.x, cG[0], cH[0], add=out, into=True)
+
+    def expmap2(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
+        """``x + u - ½ Γ(u, u)``: per factor ``F (I - ½ C_F) + u_F (I - ½ C_uF)`` with the
+        coefficients of :meth:`christoffel`, two products accumulated into one output (adding
+        ``x``, ``u`` and ``Γ`` would take two more passes over the blocks); equal to the sum
+        up to rounding."""
+        p = self.at(x)
+        (CG, CuG, _), (CH, CuH, _) = self._christoffel_coefficients(p, u, u)
+        eye = identity(CG.shape[-1], CG)
+        out = self._blockwise(u, torch.add(eye, CuG, alpha=-0.5), torch.add(eye, CuH, alpha=-0.5))
+        A_G, A_H = torch.add(eye, CG, alpha=-0.5), torch.add(eye, CH, alpha=-0.5)
+        return self._blockwise(p.x, A_G, A_H, add=out, into=True)
+
+    def _christoffel_coefficients(self, p: AtPoint, u: Tensor, v: Tensor) -> Coefficients:
+        """:meth:`gamma_coefficients` of ``u`` and ``v`` at ``p`` (``v is u``: the symmetric
+        ones, ``C_v = None``), from the products of the point and the vectors."""
+        self._check_vector(p, u)
         same = v is u
         if not same:
             self._check_vector(p, v, "v")
@@ -234,13 +258,7 @@ class GLTotalSpace(TotalSpace):
         vF = uF if same else (mT(vG) @ G, mT(vH) @ H)
         uv = (mT(uG) @ vG, mT(uH) @ vH)
         k = Products(*self.grams(p), *self.inverses(p), uF, vF, uv)
-        cG, cH = self.gamma_coefficients(k, same)
-        out = self._blockwise(u, cG[1], cH[1])
-        if not same:
-            cvG, cvH = cG[2], cH[2]
-            assert cvG is not None and cvH is not None  # the bilinear form has them
-            self._blockwise(v, cvG, cvH, add=out, into=True)
-        return self._blockwise(p.x, cG[0], cH[0], add=out, into=True)
+        return self.gamma_coefficients(k, same)
 
     def gram_products(
         self,
