@@ -96,6 +96,19 @@ def zero_some_(model: nn.Module, fraction: float, seed: int) -> None:
             p.masked_fill_(torch.rand(p.shape, generator=gen) < fraction, 0.0)
 
 
+def classifier(seed: int, shape: tuple[int, int, int], zeros: float):
+    """A float64 classifier of ``(width, heads, layers)`` with about ``zeros`` of its entries
+    exact zeros, and the cross-entropy of a random batch: ``(model, loss_fn)``."""
+    d, heads, layers = shape
+    torch.manual_seed(seed)
+    model = TinyTransformerClassifier(d=d, heads=heads, layers=layers, classes=3).to(DT)
+    zero_some_(model, zeros, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(4, 3, d, generator=gen, dtype=DT)
+    y = torch.randint(0, 3, (4,), generator=gen)
+    return model, lambda m: nn.functional.cross_entropy(m(x), y)
+
+
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 2**16),
@@ -110,17 +123,7 @@ def zero_some_(model: nn.Module, fraction: float, seed: int) -> None:
 def test_first_step_matches_the_formula_part_by_part(
     seed, shape, variant, perturbation, piece, zeros, floor, chunk
 ):
-    d, heads, layers = shape
-    torch.manual_seed(seed)
-    model = TinyTransformerClassifier(d=d, heads=heads, layers=layers, classes=3).to(DT)
-    zero_some_(model, zeros, seed)
-    gen = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(4, 3, d, generator=gen, dtype=DT)
-    y = torch.randint(0, 3, (4,), generator=gen)
-
-    def loss_fn(m):
-        return nn.functional.cross_entropy(m(x), y)
-
+    model, loss_fn = classifier(seed, shape, zeros)
     with pytest.MonkeyPatch.context() as mp:
         if piece:  # pieces of a few entries: small parameters shared, large ones sliced
             mp.setattr(pt, "PIECE", piece)
@@ -204,13 +207,7 @@ def test_compiled_rest_matches_the_formula(variant):
     (small parameters shared by pieces, large ones sliced), and the step is the formula's to
     the eager path's tolerance (the norm's sums are taken in another order), with exact zeros
     and weights below a floor of 0.05 (most of them)."""
-    seed, floor = 5, 0.05
-    torch.manual_seed(seed)
-    model = TinyTransformerClassifier(d=16, heads=4, layers=2, classes=3).to(DT)
-    zero_some_(model, 0.3, seed)
-    gen = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(4, 3, 16, generator=gen, dtype=DT)
-    y = torch.randint(0, 3, (4,), generator=gen)
+    model, loss_fn = classifier(5, (16, 4, 2), zeros=0.3)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pt, "PIECE", 100)  # several pieces, one call
         mp.setattr(pt, "SMALL", 100)
@@ -218,10 +215,10 @@ def test_compiled_rest_matches_the_formula(variant):
         mp.setattr(pt, "CHUNK_FRACTION", 1e-9)
         check(
             model,
-            lambda m: nn.functional.cross_entropy(m(x), y),
+            loss_fn,
             rtol=1e-13,
             atol=1e-15,
-            floor=floor,
+            floor=0.05,
             rho=0.05,
             variant=variant,
             compile=True,
