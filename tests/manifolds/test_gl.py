@@ -313,18 +313,20 @@ def test_christoffel_symmetric_bilinear(eps, case):
 @given(case=gl_cases(), scale=st.sampled_from([1e-3, 0.1, 1.0]))
 def test_expmap2_is_the_sum_of_its_terms(eps, case, scale):
     """``expmap2`` (two products per factor, ``F (I - ½C_F) + u_F (I - ½C_uF)``) equals
-    ``x + u - ½ Γ(u, u)`` summed as written, to rounding: relative to the larger of ``|x|`` and
-    ``|u|`` entry-wise maxima, a few machine epsilons (the products sum ``h`` terms)."""
+    ``x + u - ½ Γ(u, u)`` summed as written, to rounding: within 50 machine epsilons of the
+    largest entry of the three terms (the products sum ``h`` terms; 7.4 at most over 1500
+    draws of this strategy)."""
     x = case.x
     for m in (
         GLQuotient(case.n, case.manifold.metric_name, eps=eps),
         InterpolatedGLQuotient(case.n, 0.3, eps=eps),
     ):
         u = scale * m.proju(x, case.u) if eps == 0 else scale * case.u
-        expected = x + u - 0.5 * m.christoffel(x, u)
+        gamma = m.christoffel(x, u)
+        expected = x + u - 0.5 * gamma
         got = m.expmap2(x, u)
         assert got.shape == x.shape and got.dtype == x.dtype
-        size = max(float(x.abs().max()), float(u.abs().max()))
+        size = max(float(t.abs().max()) for t in (x, u, gamma))
         assert float((got - expected).abs().max()) <= tol(case.dtype, 50) * size
 
 
