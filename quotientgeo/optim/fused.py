@@ -34,16 +34,17 @@ does a subclass of :class:`~quotientgeo.AdaptiveGeometry` with its own scale.
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
 import torch
 
 from ..geometry.perturbation import Piece
 from ..manifolds import AdaptiveGeometry, EuclideanGeometry
-from ..sharpness.fused import _compiled, _views
+from ..sharpness.fused import _compiled
 
 Tensor = torch.Tensor
 
-__all__ = ["fusable_metric", "fused_rest_sqnorm", "fused_rest_step", "operators"]
+__all__ = ["RestViews", "fused_rest_sqnorm", "fused_rest_step", "operators", "rest_views"]
 
 
 def _sqnorm(grads: list[Tensor], weights: list[Tensor], floor_squared: float) -> Tensor:
@@ -109,11 +110,40 @@ def operators() -> tuple[Callable[..., Tensor], Callable[..., None]]:
     return rest_sqnorm, rest_step
 
 
-def fusable_metric(manifold) -> bool:
-    """Whether the kernels know ``manifold``'s metric: :class:`~quotientgeo.EuclideanGeometry`
-    or :class:`~quotientgeo.AdaptiveGeometry` itself (not a subclass, which may redefine the
-    scale)."""
-    return _floor_squared(manifold) is not None
+class RestViews(NamedTuple):
+    """The pieces of the rest that the kernels take, and their segments' views of the weights
+    and of the gradients (all pieces' segments in order), built once for both passes."""
+
+    pieces: list[Piece]
+    weights: list[Tensor]
+    grads: list[Tensor]
+
+
+def rest_views(
+    pieces: Sequence[Piece],
+    manifold,
+    weights: Mapping[str, Tensor],
+    grads: Mapping[str, Tensor],
+    dtype: torch.dtype,
+) -> RestViews | None:
+    """The pieces that the kernels take: not sharded, every segment a plain view of the weights
+    and of the gradients in ``dtype``
+    (:meth:`~quotientgeo.geometry.perturbation.Piece.views`); ``None`` where there is none, or
+    the kernels do not know ``manifold``'s metric (:class:`~quotientgeo.EuclideanGeometry` or
+    :class:`~quotientgeo.AdaptiveGeometry` itself: a subclass may redefine the scale). The
+    views stay valid while the tensors are written in place."""
+    if _floor_squared(manifold) is None:
+        return None
+    out = RestViews([], [], [])
+    for piece in pieces:
+        w = None if piece.sharded else piece.views(weights, dtype)
+        d = None if w is None else piece.views(grads, dtype)
+        if w is None or d is None:
+            continue
+        out.pieces.append(piece)
+        out.weights.extend(w)
+        out.grads.extend(d)
+    return out if out.pieces else None
 
 
 def _floor_squared(manifold) -> float | None:
@@ -126,39 +156,19 @@ def _floor_squared(manifold) -> float | None:
     return None
 
 
-def fused_rest_sqnorm(
-    pieces: Sequence[Piece],
-    manifold,
-    weights: Mapping[str, Tensor],
-    grads: Mapping[str, Tensor],
-    dtype: torch.dtype,
-) -> Tensor | None:
-    """``||grad||²`` of ``pieces`` of the rest in ``manifold``'s metric (``Σ ŵ² ∇²``, ``Σ ∇²``
-    for the flat one) by one call of ``quotientgeo::rest_sqnorm``; ``None`` (nothing done)
-    where a piece does not qualify (module docstring)."""
+def fused_rest_sqnorm(views: RestViews, manifold) -> Tensor:
+    """``||grad||²`` of the pieces of ``views`` (:func:`rest_views`) in ``manifold``'s metric
+    (``Σ ŵ² ∇²``, ``Σ ∇²`` for the flat one) by one call of ``quotientgeo::rest_sqnorm``."""
     floor_squared = _floor_squared(manifold)
-    views = None if floor_squared is None else _views(pieces, (weights, grads), dtype)
-    if views is None:
-        return None
-    w, d = views
-    return operators()[0](d, w if isinstance(manifold, AdaptiveGeometry) else [], floor_squared)
+    assert floor_squared is not None
+    weights = views.weights if isinstance(manifold, AdaptiveGeometry) else []
+    return operators()[0](views.grads, weights, floor_squared)
 
 
-def fused_rest_step(
-    pieces: Sequence[Piece],
-    manifold,
-    weights: Mapping[str, Tensor],
-    grads: Mapping[str, Tensor],
-    c: Tensor,
-    dtype: torch.dtype,
-) -> bool:
-    """``w ← w + c ŵ² ∇`` (``w + c ∇`` for the flat metric) at the entries of ``pieces``, in
-    place, by one call of ``quotientgeo::rest_step``; ``False`` (nothing done) where a piece
-    does not qualify."""
+def fused_rest_step(views: RestViews, manifold, c: Tensor) -> None:
+    """``w ← w + c ŵ² ∇`` (``w + c ∇`` for the flat metric) at the entries of the pieces of
+    ``views`` (:func:`rest_views`), in place, by one call of ``quotientgeo::rest_step``."""
     floor_squared = _floor_squared(manifold)
-    views = None if floor_squared is None else _views(pieces, (weights, grads), dtype)
-    if views is None:
-        return False
+    assert floor_squared is not None
     adaptive = isinstance(manifold, AdaptiveGeometry)
-    operators()[1](*views, c, floor_squared, adaptive)
-    return True
+    operators()[1](views.weights, views.grads, c, floor_squared, adaptive)

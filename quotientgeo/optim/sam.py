@@ -38,9 +38,8 @@ from ..geometry.symmetries import geometry_of
 from ..linalg import deferred_checks
 from ..manifolds import AdaptiveGeometry, EuclideanGeometry, QuotientManifold
 from ..options import Perturbation, checked_metric, option
-from ..sharpness.fused import fusable
 from ..validation import positive_real
-from .fused import fusable_metric, fused_rest_sqnorm, fused_rest_step
+from .fused import RestViews, fused_rest_sqnorm, fused_rest_step, rest_views
 
 Tensor = torch.Tensor
 
@@ -199,12 +198,12 @@ class GeodesicSAM(torch.optim.Optimizer):
                         kept[id(chunk)], held = (s, g), held + 2 * size
                     elif held + size <= budget:
                         kept[id(chunk)], held = (None, g), held + size
-            fused = self._fused_rest(weights, grads)
-            value = fused_rest_sqnorm(fused, self.rest, weights, grads, dtype) if fused else None
-            if value is None:
-                fused = []
-            else:
-                sums.add(fused[0], value)
+            # with compile, the pieces that the kernels take, their views built once
+            fused = None
+            if self.compiled:
+                fused = rest_views(space.rest, self.rest, weights, grads, dtype)
+            if fused is not None:
+                sums.add(fused.pieces[0], fused_rest_sqnorm(fused, self.rest))
             for piece in self._eager_rest(fused):
                 sums.add(piece, self._rest_sqnorm(piece, weights, grads))
             norm = sums.total()
@@ -220,8 +219,8 @@ class GeodesicSAM(torch.optim.Optimizer):
                         if g is None:
                             g = s.rgrad(chunk.read(grads, dtype))
                         chunk.write_(weights, s.move(g * scale))
-                if fused:
-                    fused_rest_step(fused, self.rest, weights, grads, scale, dtype)
+                if fused is not None:
+                    fused_rest_step(fused, self.rest, scale)
                 for piece in self._eager_rest(fused):
                     self._rest_step_(piece, weights, grads, scale)
             except BaseException:
@@ -230,17 +229,10 @@ class GeodesicSAM(torch.optim.Optimizer):
         if zero_grad:
             self.zero_grad()
 
-    def _fused_rest(self, weights, grads) -> list[Piece]:
-        """With ``compile``, the pieces of the rest that the compiled kernels take (every one
-        whose segments are plain views, :func:`~quotientgeo.sharpness.fused.fusable`, in a
-        metric they know); else none."""
-        if not self.compiled or not fusable_metric(self.rest):
-            return []
-        return [p for p in self.space.rest if fusable(p, (weights, grads), self.space.dtype)]
-
-    def _eager_rest(self, fused: list[Piece]) -> list[Piece]:
-        """The pieces of the rest that the eager passes take: those not in ``fused``."""
-        taken = {id(piece) for piece in fused}
+    def _eager_rest(self, fused: RestViews | None) -> list[Piece]:
+        """The pieces of the rest that the eager passes take: those the compiled kernels do
+        not (``fused``, :func:`~quotientgeo.optim.fused.rest_views`)."""
+        taken = {id(piece) for piece in fused.pieces} if fused is not None else set()
         return [piece for piece in self.space.rest if id(piece) not in taken]
 
     # The adaptive rest (every parameter for SAM and ASAM) moves along straight lines in an
