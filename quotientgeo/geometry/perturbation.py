@@ -35,7 +35,7 @@ from ..manifolds.gl.damping import with_ball_filled
 from ..options import Norm, Perturbation
 from . import shards as sh
 from .parameters import ParameterGeometry
-from .transfer import gather_blocks, write_blocks_
+from .transfer import StackedLayout, gather_blocks, stacked_layout, write_blocks_
 
 Tensor = torch.Tensor
 
@@ -295,21 +295,46 @@ class BlockChunk:
             names = [r.name for i in blocks for r in plan.blocks[k.blocks[i]].regions]
         self.params = {name: geometry.params[name] for name in dict.fromkeys(names)}
         self.sharded = sh.sharded_parameters(self.params.values())
+        self._layouts: dict[tuple, StackedLayout | None] = {}
 
     def _whole(self, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
         return {name: sh.full(tensors[name], p) for name, p in self.params.items()}
+
+    def _layout(self, tensors: Mapping[str, Tensor], dtype: torch.dtype) -> StackedLayout | None:
+        """The chunk's :class:`~quotientgeo.geometry.transfer.StackedLayout` for tensors shaped
+        as ``tensors`` (``None``: its blocks are not congruent, or sharded), found once per
+        layout of the tensors and kept."""
+        if self.sharded:
+            return None
+        ts = [tensors[name] for name in self.params]
+        key = (dtype, *((t.shape, t.stride(), t.dtype, t.device) for t in ts))
+        if key not in self._layouts:
+            layout = stacked_layout(self.plan, self.kind, self.blocks, tensors, dtype)
+            self._layouts[key] = layout
+        return self._layouts[key]
 
     def read(
         self, tensors: Mapping[str, Tensor], dtype: torch.dtype, out: Tensor | None = None
     ) -> Tensor:
         """The chunk's points in ``tensors`` (parameter coordinates): a new tensor, or written
         into ``out``."""
+        layout = self._layout(tensors, dtype)
+        if layout is not None and layout.same_dtype:
+            if out is None:
+                device = tensors[next(iter(self.params))].device
+                out = torch.empty(layout.shape, dtype=dtype, device=device)
+            if out.is_contiguous():
+                return layout.read(tensors, out)
         return gather_blocks(self.plan, self.kind, self.blocks, self._whole(tensors), dtype, out)
 
     @torch.no_grad()
     def write_(self, tensors: Mapping[str, Tensor], points: Tensor) -> None:
         """Write ``points`` into the chunk's entries of ``tensors``, in place."""
         if not self.sharded:
+            layout = self._layout(tensors, points.dtype)
+            if layout is not None and points.is_contiguous() and points.shape == layout.shape:
+                layout.write_(points, tensors)
+                return
             write_blocks_(self.plan, self.kind, self.blocks, points, tensors)
             return
         whole = self._whole(tensors)
@@ -387,7 +412,8 @@ class Piece:
             t = tensors[seg.name]
             if seg.mask is not None or not t.is_contiguous() or t.dtype != dtype:
                 return None
-            out.append(t.view(-1)[seg.start : seg.stop])
+            flat = t.view(-1)
+            out.append(flat if seg.stop - seg.start == flat.numel() else flat[seg.start : seg.stop])
         return out
 
     def entries(self, tensors: Mapping[str, Tensor], dtype: torch.dtype) -> list[Tensor]:

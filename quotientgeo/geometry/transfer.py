@@ -9,6 +9,7 @@ the chunks that the maximiser and the optimizer work on.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -19,7 +20,15 @@ from .product import span_values
 
 Tensor = torch.Tensor
 
-__all__ = ["block_views", "gather", "gather_blocks", "scatter", "write_blocks_"]
+__all__ = [
+    "StackedLayout",
+    "block_views",
+    "gather",
+    "gather_blocks",
+    "scatter",
+    "stacked_layout",
+    "write_blocks_",
+]
 
 
 def _mask(plan: Plan, name: str, device: torch.device) -> Tensor:
@@ -205,33 +214,45 @@ def _congruent(
     return found
 
 
+def _stacked_views(
+    found: list[Block], tensors: Mapping[str, Tensor], points: Tensor
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Congruent blocks (:func:`_congruent`) as pairs of views: ``(in_points, in_params)``, one
+    entry per region of every block, its heads' factors ``(heads, r, c, h)`` in ``points``
+    (``(Σ heads, Σk, h)``) and in its parameter (:meth:`Region.factor_parts`), so that one
+    ``_foreach_copy_`` moves all of them either way."""
+    first = found[0]
+    heads = first.heads
+    y, start = points.view(len(found), heads, *points.shape[1:]), 0
+    in_points: list[Tensor] = []
+    in_params: list[Tensor] = []
+    for j, r in enumerate(first.regions):
+        target = y[:, :, start : start + r.k].unflatten(-2, (r.group, r.k // r.group))
+        in_points += target.unbind(0)
+        regions = [b.regions[j].of(tensors[b.regions[j].name]) for b in found]
+        in_params += [r.factor_parts(region, heads) for region in regions]
+        start += r.k
+    return in_points, in_params
+
+
 def _gather_stacked(
     found: list[Block], tensors: Mapping[str, Tensor], dtype, out: Tensor | None = None
 ) -> Tensor:
     """:func:`gather_blocks` of congruent blocks (:func:`_congruent`): the points allocated
-    once and every region of every block copied into them in one ``_foreach_copy_`` (its
-    heads' factors as views, :meth:`Region.factor_parts`); parameters of another dtype than
-    ``dtype``: each region stacked, its heads' factors formed in one batch, one
-    concatenation. ``out``: the points' tensor to write into."""
+    once and every region of every block copied into them in one ``_foreach_copy_``
+    (:func:`_stacked_views`); parameters of another dtype than ``dtype``: each region
+    stacked, its heads' factors formed in one batch, one concatenation. ``out``: the points'
+    tensor to write into."""
     first, n = found[0], len(found)
     heads, rows = first.heads, []
-    values = [
-        [b.regions[j].of(tensors[b.regions[j].name].detach()) for b in found]
-        for j in range(len(first.regions))
-    ]
-    if all(v.dtype == dtype for region in values for v in region):
-        k, h = sum(r.k for r in first.regions), first.regions[0].width
+    names = [r.name for b in found for r in b.regions]
+    if all(tensors[name].dtype == dtype for name in names):
+        k, h = first.shape
         if out is None:
-            out = torch.empty((n * heads, k, h), dtype=dtype, device=values[0][0].device)
-        y, start = out.view(n, heads, k, h), 0
-        targets: list[Tensor] = []
-        sources: list[Tensor] = []
-        for r, region in zip(first.regions, values, strict=True):
-            target = y[:, :, start : start + r.k].unflatten(-2, (r.group, r.k // r.group))
-            targets += target.unbind(0)
-            sources += [r.factor_parts(v, heads) for v in region]
-            start += r.k
-        torch._foreach_copy_(targets, sources)  # pyright: ignore[reportPrivateImportUsage]
+            out = torch.empty((n * heads, k, h), dtype=dtype, device=tensors[names[0]].device)
+        detached = {name: tensors[name].detach() for name in names}
+        in_points, in_params = _stacked_views(found, detached, out)
+        torch._foreach_copy_(in_points, in_params)  # pyright: ignore[reportPrivateImportUsage]
         return out
     for j, r in enumerate(first.regions):
         region = torch.stack([b.regions[j].of(tensors[b.regions[j].name].detach()) for b in found])
@@ -249,20 +270,91 @@ def _gather_stacked(
 def _write_stacked(found: list[Block], points: Tensor, tensors: Mapping[str, Tensor]) -> None:
     """:func:`write_blocks_` of congruent blocks: every region of every block written in one
     ``_foreach_copy_``, from views of ``points`` into its heads' factors as views of the
-    parameters (:meth:`Region.factor_parts`, as :func:`_gather_stacked` reads them): no copy in
+    parameters (:func:`_stacked_views`, as :func:`_gather_stacked` reads them): no copy in
     between."""
-    first = found[0]
-    heads = first.heads
-    y, start = points.reshape(len(found), heads, *points.shape[1:]), 0
-    targets: list[Tensor] = []
-    sources: list[Tensor] = []
-    for j, r in enumerate(first.regions):
-        source = y[:, :, start : start + r.k].unflatten(-2, (r.group, r.k // r.group))
-        sources += source.unbind(0)
-        regions = [b.regions[j].of(tensors[b.regions[j].name]) for b in found]
-        targets += [r.factor_parts(region, heads) for region in regions]
-        start += r.k
-    torch._foreach_copy_(targets, sources)  # pyright: ignore[reportPrivateImportUsage]
+    in_points, in_params = _stacked_views(found, tensors, points.contiguous())
+    torch._foreach_copy_(in_params, in_points)  # pyright: ignore[reportPrivateImportUsage]
+
+
+Strided = tuple[tuple[int, ...], tuple[int, ...], int]
+
+
+@dataclasses.dataclass(frozen=True)
+class StackedLayout:
+    """Where the regions of congruent blocks lie, as plain data (:func:`stacked_layout`): the
+    points' shape, and each region of each block as a strided view ``(size, stride, offset)``
+    of the points and of its parameter (the offset counted from the parameter's own). Valid for
+    tensors of the shapes, strides and dtypes it was made for; reading and writing through it
+    is one ``as_strided`` per region and one ``_foreach_copy_``, with none of the views'
+    reshapes, slices and transposes of :func:`gather_blocks` built again."""
+
+    shape: tuple[int, ...]
+    in_points: tuple[Strided, ...]
+    in_params: tuple[tuple[str, Strided], ...]
+    same_dtype: bool  # the parameters in the points' dtype: reads may take this layout
+
+    def _views(self, points: Tensor, tensors: Mapping[str, Tensor]):
+        if points.shape != self.shape or not points.is_contiguous():
+            raise ValueError(f"points must be contiguous of shape {self.shape}")
+        base = points.storage_offset()
+        in_points = [
+            points.as_strided(size, stride, base + at) for size, stride, at in self.in_points
+        ]
+        in_params = []
+        for name, (size, stride, at) in self.in_params:
+            t = tensors[name]
+            in_params.append(t.as_strided(size, stride, t.storage_offset() + at))
+        return in_points, in_params
+
+    @torch.no_grad()
+    def read(self, tensors: Mapping[str, Tensor], out: Tensor) -> Tensor:
+        """``out`` (contiguous, of :attr:`shape`) ``←`` the blocks' points in ``tensors``."""
+        in_points, in_params = self._views(out, tensors)
+        torch._foreach_copy_(in_points, in_params)  # pyright: ignore[reportPrivateImportUsage]
+        return out
+
+    @torch.no_grad()
+    def write_(self, points: Tensor, tensors: Mapping[str, Tensor]) -> None:
+        """The blocks' entries of ``tensors ← points`` (contiguous, of :attr:`shape`; cast to
+        each tensor's dtype)."""
+        in_points, in_params = self._views(points, tensors)
+        torch._foreach_copy_(in_params, in_points)  # pyright: ignore[reportPrivateImportUsage]
+
+
+def stacked_layout(
+    plan: Plan, kind: int, blocks: range, tensors: Mapping[str, Tensor], dtype: torch.dtype
+) -> StackedLayout | None:
+    """The :class:`StackedLayout` of blocks ``plan.kinds[kind].blocks[i]``, ``i`` in
+    ``blocks``, for tensors shaped as ``tensors`` and points in ``dtype``, where they are
+    congruent (:func:`_congruent`; else ``None``). Found on meta tensors: nothing is read."""
+    if plan.kinds[kind].product is not None:
+        return None
+    found = _congruent(plan, kind, blocks, tensors)
+    if found is None:
+        return None
+    names = dict.fromkeys(r.name for b in found for r in b.regions)
+    meta = {
+        name: torch.empty_strided(tensors[name].shape, tensors[name].stride(), device="meta")
+        for name in names
+    }
+    k, h = found[0].shape
+    points = torch.empty((len(found) * found[0].heads, k, h), device="meta")
+    in_points, in_params = _stacked_views(found, meta, points)
+    return StackedLayout(
+        tuple(points.shape),
+        tuple(_strided(v) for v in in_points),
+        tuple((name, _strided(v)) for name, v in zip(_region_names(found), in_params, strict=True)),
+        all(tensors[name].dtype == dtype for name in names),
+    )
+
+
+def _region_names(found: list[Block]) -> list[str]:
+    """The parameter of each entry of :func:`_stacked_views`' ``in_params``, in order."""
+    return [b.regions[j].name for j in range(len(found[0].regions)) for b in found]
+
+
+def _strided(view: Tensor) -> Strided:
+    return tuple(view.shape), tuple(view.stride()), int(view.storage_offset())
 
 
 def _split_regions(y: Tensor, block) -> list[Tensor]:

@@ -471,7 +471,7 @@ class Objective:
         best_is_previous = self._best is Best.PREVIOUS  # ξ_{k-1} stays, as the best point
         target, previous = dict(self.current), dict(self.previous)  # where ξ_{k+1}, ξ_k go
         best = dict(self.previous)  # where ξ_{k-1} stays, if it is the best point
-        stepped = self._fused_straight_step(grads, c) if not best_is_previous else {}
+        stepped = self._straight_step(grads, c) if not best_is_previous else {}
         for i, piece in enumerate(self.space.pieces):
             done = stepped.get(i, set())
             if self.compiled:
@@ -519,12 +519,17 @@ class Objective:
         if not self.straight.isdisjoint(part.names):
             part.write_sum_(self.weights, self.x0, new, self.straight)
 
-    def _fused_straight_step(self, grads: Mapping[str, Tensor], c: Tensor) -> dict[int, set[str]]:
-        """With ``compile``, the step of :meth:`advance` at every entry that moves along a
-        straight line with ``ξ_k`` in the weights, for all pieces in one compiled kernel
-        (:func:`~quotientgeo.sharpness.fused.fused_step`; it allocates nothing, so the
-        gradients need not be freed piece by piece); by piece index, the names it took."""
-        if not self.compiled:
+    def _straight_step(self, grads: Mapping[str, Tensor], c: Tensor) -> dict[int, set[str]]:
+        """The step of :meth:`advance` at every entry that moves along a straight line with
+        ``ξ_k`` in the weights, for all pieces at once, where ``ξ_{k-1}``'s buffers may take
+        ``ξ_k`` (it is not the best point): one compiled kernel with ``compile``
+        (:func:`~quotientgeo.sharpness.fused.fused_step`), else nine in-place ``_foreach``
+        operators (:func:`_step_in_place_`) where no iterate is held (a measure without
+        symmetry blocks: where pieces also hold symmetric parameters, whose step goes piece by
+        piece, the rest's entries cost fewer operators in the same ``_foreach`` calls). Neither
+        allocates, so the gradients need not be freed piece by piece; by piece index, the
+        names it took."""
+        if not self.compiled and self.current:
             return {}
         moving = self.straight.difference(self.current)
         tensors = (self.weights, self.x0, self.previous, grads)
@@ -533,8 +538,16 @@ class Objective:
             part = _segments_of(piece, moving)
             if part is not None and fusable(part, tensors, self.dtype):
                 parts[i] = part
-        if not fused_step(list(parts.values()), *tensors, c, self.dtype):
+        if not parts:
             return {}
+        if self.compiled:
+            fused_step(list(parts.values()), *tensors, c, self.dtype)
+        else:
+            w, x0, previous, g = (
+                [v for part in parts.values() for v in part.views(t, self.dtype) or ()]
+                for t in tensors
+            )
+            _step_in_place_(w, x0, previous, g, c)
         return {i: set(part.names) for i, part in parts.items()}
 
     def _fused_piece_step(
@@ -736,6 +749,27 @@ class Objective:
         if deficient is not None:
             raise ValueError(f"{message}, likely from {deficient}")
         raise ValueError(f"{message}; the model is restored")
+
+
+def _step_in_place_(
+    weights: list[Tensor], x0: list[Tensor], previous: list[Tensor], g: list[Tensor], c: Tensor
+) -> None:
+    """``ξ_{k+1} = c₀ ξ_k + c₁ ξ_{k-1} + c₂ g`` with ``weights = x₀ + ξ_k``: ``previous ← ξ_k``
+    and ``weights ← x₀ + ξ_{k+1}``, in place on lists of matching views, nine ``_foreach``
+    operators for all of them and nothing allocated (``g`` holds ``ξ_{k+1}`` after). The
+    products and sums are :meth:`Objective._combination`'s, in its order: the same bits."""
+    c0, c1, c2 = c.unbind()
+    foreach = torch._foreach_mul_, torch._foreach_add_, torch._foreach_sub_, torch._foreach_copy_  # pyright: ignore[reportPrivateImportUsage]
+    mul_, add_, sub_, copy_ = foreach
+    mul_(g, c2)
+    mul_(previous, c1)
+    add_(g, previous)  # c₂ g + c₁ ξ_{k-1}
+    sub_(weights, x0)  # ξ_k, where the weights were
+    copy_(previous, weights)
+    mul_(weights, c0)
+    add_(g, weights)  # ξ_{k+1}
+    copy_(weights, x0)
+    add_(weights, g)
 
 
 def _recomputes_forward(model: nn.Module) -> bool:

@@ -103,7 +103,8 @@ class GLTotalSpace(TotalSpace):
         backward pass is one concatenation (slicing's writes two zero-filled copies and adds
         them)."""
         x = x.x if isinstance(x, AtPoint) else x
-        G, H = x.split((self.n, x.shape[-2] - self.n), dim=-2)
+        # the operator itself: Tensor.split is a Python wrapper that costs as much again
+        G, H = x.split_with_sizes((self.n, x.shape[-2] - self.n), dim=-2)
         return G, H
 
     def join(self, G: Tensor, H: Tensor) -> Tensor:
