@@ -759,8 +759,8 @@ def _step_in_place_(
     operators for all of them and nothing allocated (``g`` holds ``ξ_{k+1}`` after). The
     products and sums are :meth:`Objective._combination`'s, in its order: the same bits."""
     c0, c1, c2 = c.unbind()
-    foreach = torch._foreach_mul_, torch._foreach_add_, torch._foreach_sub_, torch._foreach_copy_  # pyright: ignore[reportPrivateImportUsage]
-    mul_, add_, sub_, copy_ = foreach
+    mul_, add_ = torch._foreach_mul_, torch._foreach_add_  # pyright: ignore[reportPrivateImportUsage]
+    sub_, copy_ = torch._foreach_sub_, torch._foreach_copy_  # pyright: ignore[reportPrivateImportUsage]
     mul_(g, c2)
     mul_(previous, c1)
     add_(g, previous)  # c₂ g + c₁ ξ_{k-1}

@@ -64,6 +64,23 @@ def test_layout_reads_and_writes_as_the_generic_path(family, metric):
     assert (laid == 0) == (family in GENERIC_ONLY)
 
 
+@pytest.mark.filterwarnings("ignore:the model has torch.bfloat16 parameters")
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_half_precision_parameters_read_generically_and_write_through_the_layout(family):
+    """bfloat16 parameters, float32 points: reads convert (the generic path), writes cast
+    through the layout, each as the generic path does."""
+    model, _ = make(family)
+    space = pt.Perturbations(
+        find_symmetries(model.to(torch.bfloat16), metric="mix"), "second_order"
+    )
+    assert space.dtype == torch.float32
+    tensors = random_tensors(space, 7)
+    assert all(t.dtype == torch.bfloat16 for t in tensors.values())
+    assert check_chunks(space, tensors, 7) >= 1
+    for chunk in space.all_chunks():
+        assert all(layout is None or not layout.same_dtype for layout in chunk._layouts.values())
+
+
 def test_changed_strides_find_the_layout_again():
     """A parameter made non-contiguous between two reads (same shape, other strides) is read
     and written right: by a layout of its own, or by the generic path."""
