@@ -216,23 +216,27 @@ def _congruent(
 
 def _stacked_views(
     found: list[Block], tensors: Mapping[str, Tensor], points: Tensor
-) -> tuple[list[Tensor], list[Tensor]]:
-    """Congruent blocks (:func:`_congruent`) as pairs of views: ``(in_points, in_params)``, one
-    entry per region of every block, its heads' factors ``(heads, r, c, h)`` in ``points``
-    (``(Σ heads, Σk, h)``) and in its parameter (:meth:`Region.factor_parts`), so that one
-    ``_foreach_copy_`` moves all of them either way."""
+) -> tuple[list[Tensor], list[Tensor], list[str]]:
+    """Congruent blocks (:func:`_congruent`) as pairs of views: ``(in_points, in_params,
+    names)``, one entry per region of every block, its heads' factors ``(heads, r, c, h)`` in
+    ``points`` (``(Σ heads, Σk, h)``) and in its parameter ``names[i]``
+    (:meth:`Region.factor_parts`), so that one ``_foreach_copy_`` moves all of them either
+    way."""
     first = found[0]
     heads = first.heads
     y, start = points.view(len(found), heads, *points.shape[1:]), 0
     in_points: list[Tensor] = []
     in_params: list[Tensor] = []
+    names: list[str] = []
     for j, r in enumerate(first.regions):
         target = y[:, :, start : start + r.k].unflatten(-2, (r.group, r.k // r.group))
         in_points += target.unbind(0)
-        regions = [b.regions[j].of(tensors[b.regions[j].name]) for b in found]
-        in_params += [r.factor_parts(region, heads) for region in regions]
+        for block in found:
+            region = block.regions[j]
+            names.append(region.name)
+            in_params.append(r.factor_parts(region.of(tensors[region.name]), heads))
         start += r.k
-    return in_points, in_params
+    return in_points, in_params, names
 
 
 def _gather_stacked(
@@ -251,7 +255,7 @@ def _gather_stacked(
         if out is None:
             out = torch.empty((n * heads, k, h), dtype=dtype, device=tensors[names[0]].device)
         detached = {name: tensors[name].detach() for name in names}
-        in_points, in_params = _stacked_views(found, detached, out)
+        in_points, in_params, _ = _stacked_views(found, detached, out)
         torch._foreach_copy_(in_points, in_params)  # pyright: ignore[reportPrivateImportUsage]
         return out
     for j, r in enumerate(first.regions):
@@ -272,7 +276,7 @@ def _write_stacked(found: list[Block], points: Tensor, tensors: Mapping[str, Ten
     ``_foreach_copy_``, from views of ``points`` into its heads' factors as views of the
     parameters (:func:`_stacked_views`, as :func:`_gather_stacked` reads them): no copy in
     between."""
-    in_points, in_params = _stacked_views(found, tensors, points.contiguous())
+    in_points, in_params, _ = _stacked_views(found, tensors, points.contiguous())
     torch._foreach_copy_(in_params, in_points)  # pyright: ignore[reportPrivateImportUsage]
 
 
@@ -339,18 +343,13 @@ def stacked_layout(
     }
     k, h = found[0].shape
     points = torch.empty((len(found) * found[0].heads, k, h), device="meta")
-    in_points, in_params = _stacked_views(found, meta, points)
+    in_points, in_params, owners = _stacked_views(found, meta, points)
     return StackedLayout(
         tuple(points.shape),
         tuple(_strided(v) for v in in_points),
-        tuple((name, _strided(v)) for name, v in zip(_region_names(found), in_params, strict=True)),
+        tuple((name, _strided(v)) for name, v in zip(owners, in_params, strict=True)),
         all(tensors[name].dtype == dtype for name in names),
     )
-
-
-def _region_names(found: list[Block]) -> list[str]:
-    """The parameter of each entry of :func:`_stacked_views`' ``in_params``, in order."""
-    return [b.regions[j].name for j in range(len(found[0].regions)) for b in found]
 
 
 def _strided(view: Tensor) -> Strided:
