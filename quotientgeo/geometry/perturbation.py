@@ -189,6 +189,14 @@ class PerturbationSpace:
         k = stacked.shape[0]
         return stacked.reshape(k, -1) @ images.reshape(k, -1).mT
 
+    def stacked_row(self, stacked: Tensor) -> Tensor:
+        """``V M(x) v_k``: the inner products ``<vᵢ, v_k>`` in the ball's metric of the vectors
+        ``V = stacked[i]`` with the last of them (``(k,)``), the last column of
+        :meth:`stacked_gram`, for a third of its metric's work: the metric applied to ``v_k``
+        alone."""
+        image = self.ball.metric(self.ball_point, stacked[-1])
+        return stacked.reshape(stacked.shape[0], -1) @ image.reshape(-1)
+
     def gradient_gram(self, rows: Tensor) -> tuple[Tensor, Tensor]:
         """``(g, K)`` from ``rows = [ξ, ξ_prev, ∇]`` (``(3, *point shape)``, stacked by the
         caller, who gives it up): ``rows[2]`` becomes ``g = rgrad(J(ξ)ᵀ ∇)``, the horizontal
@@ -202,6 +210,20 @@ class PerturbationSpace:
         else:
             d.copy_(self.rgrad(self.pullback(xi, d)))
         return d, self.stacked_gram(rows)
+
+    def gradient_row(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """``(g, r)``: :meth:`gradient_gram`'s ``g`` (in place, in ``rows[2]``) with only the
+        last column of its ``K``, ``r = (<ξ, g>, <ξ_prev, g>, <g, g>)`` in the ball's metric
+        (:meth:`stacked_row`). For a piece of the adaptive rest ``<v, ŵ² ∇> = Σ v ∇`` in the
+        metric ``1/ŵ²``: the products are taken with ``∇`` before it becomes ``g``, and the
+        metric is not applied at all."""
+        xi, _, d = rows.unbind(0)
+        if not self.adaptive_rest:
+            d.copy_(self.rgrad(self.pullback(xi, d)))
+            return d, self.stacked_row(rows)
+        g = d * self.ball.scale_squared(self.point)
+        row = _products_with_gradient(rows.reshape(3, -1), g.reshape(-1))
+        return d.copy_(g), row
 
     def random(self, e: Tensor) -> Tensor:
         """The horizontal direction of the standard Gaussian draw ``e`` (of the point's shape):
@@ -448,22 +470,31 @@ class Piece:
         xi: list[Tensor],
         previous: Mapping[str, Tensor],
         grads: Mapping[str, Tensor],
+        *,
+        row: bool = False,
     ) -> Tensor:
         """The Gram matrix of ``(ξ, ξ_prev, g)`` in the ball's metric at the piece's entries
         (:meth:`PerturbationSpace.stacked_gram`, not mirrored), with ``grads ← g = rgrad(∇)``
-        there (``space``: the piece at its base point; ``xi``: :meth:`entries` of ``ξ``). A
-        piece of the adaptive rest whose gradients are plain views gets ``g = ŵ² ∇`` in place
-        in the gradients' own tensors (one ``_foreach_mul_``) and the three vectors read into
-        one ``(3, n)`` tensor; any other reads ``∇`` with them and writes ``g`` back
-        (:meth:`PerturbationSpace.gradient_gram`)."""
+        there (``space``: the piece at its base point; ``xi``: :meth:`entries` of ``ξ``); with
+        ``row``, its last column only, ``(<ξ, g>, <ξ_prev, g>, <g, g>)``
+        (:meth:`PerturbationSpace.gradient_row`). A piece of the adaptive rest whose gradients
+        are plain views gets ``g = ŵ² ∇`` in the gradients' own tensors (one ``_foreach``
+        operator) and the three vectors read into one ``(3, n)`` tensor; any other reads ``∇``
+        with them and writes ``g`` back (:meth:`PerturbationSpace.gradient_gram`)."""
         dtype = space.point.dtype
         views = self.views(grads, dtype) if space.adaptive_rest else None
         if views is not None:
             scale = space.manifold.scale_squared(space.point)
-            torch._foreach_mul_(views, self.split(scale))  # pyright: ignore[reportPrivateImportUsage]
-            return space.stacked_gram(self.rows(xi, self.entries(previous, dtype), views))
+            if not row:
+                torch._foreach_mul_(views, self.split(scale))  # pyright: ignore[reportPrivateImportUsage]
+                return space.stacked_gram(self.rows(xi, self.entries(previous, dtype), views))
+            # the products with ∇ (<v, ŵ² ∇> = Σ v ∇ in the metric 1/ŵ²), then g over ∇
+            rows = self.rows(xi, self.entries(previous, dtype), views)
+            g = rows[2] * scale
+            torch._foreach_copy_(views, self.split(g))  # pyright: ignore[reportPrivateImportUsage]
+            return _products_with_gradient(rows, g)
         rows = self.rows(xi, self.entries(previous, dtype), self.entries(grads, dtype))
-        g, gram = space.gradient_gram(rows)
+        g, gram = space.gradient_row(rows) if row else space.gradient_gram(rows)
         self.write_(grads, g)
         return gram
 
@@ -781,6 +812,12 @@ class Perturbations:
         mask = plan.partial[name].to(values.device)
         plan.views[name].edit_(whole, lambda m: m.masked_scatter_(mask, values))
         return sh.local_part(whole, p)
+
+
+def _products_with_gradient(rows: Tensor, g: Tensor) -> Tensor:
+    """``(Σ ξ ∇, Σ ξ_prev ∇, Σ g ∇)`` of ``rows = [ξ, ξ_prev, ∇]`` (``(3, n)``) and ``g = ŵ² ∇``:
+    the last column of the Gram matrix of ``(ξ, ξ_prev, g)`` in the metric ``1/ŵ²``."""
+    return torch.cat((rows[:2] @ rows[2], (g @ rows[2]).unsqueeze(0)))
 
 
 def mirror_upper(K: Tensor) -> Tensor:

@@ -72,8 +72,15 @@ symmetry blocks in the compute dtype, or a piece of the parameters' entries. A r
 earlier best point evaluates its gradient again rather than keeping it: one buffer less, one
 forward pass more (an evaluation's backward pass runs only once the step needs it). Every
 iterate is a combination of the current one, the previous one and the gradient, so one pass
-over the parameters gives their Gram matrix in the ball's metric, and Auto-PGD (:mod:`.apgd`)
-chooses the combination from it.
+over the parameters gives their Gram matrix ``K`` in the ball's metric, and Auto-PGD
+(:mod:`.apgd`) chooses the combination ``ξ_{k+1} = c · (ξ_k, ξ_{k-1}, g)`` from it. The
+iterates' own products then follow from ``K`` and ``c``: ``<ξ_{k+1}, ξ_{k+1}> = cᵀ K c``,
+``<ξ_{k+1}, ξ_k> = (K c)₀``, ``<ξ_k, ξ_k> = K₀₀`` (after a restart both iterates are the best
+one, whose square norm was known when it was kept), so the next pass takes only the products
+with the new gradient: for the adaptive rest ``Σ ξ ∇``, ``Σ ξ' ∇`` and ``Σ ŵ² ∇²`` (the
+metric ``1/ŵ²`` and ``g = ŵ² ∇`` cancel), for a chunk the metric applied to ``g`` alone. Only
+the first iteration's pass is whole, and every pass where the parameters are in a lower
+precision than the compute dtype: the iterates stored there are the combination rounded.
 """
 
 from __future__ import annotations
@@ -202,6 +209,13 @@ class Objective:
         self.batch: Any = None
         self.where = Where(0)
         self._pending: tuple[Tensor, Where] | None = None  # a forward pass to differentiate
+        #: The iterates are kept in the compute dtype, so their Gram block after a step is
+        #: that of the combination the step computed (module docstring).
+        self._exact_iterates = all(p.dtype == self.dtype for p in space.params.values())
+        #: ``(<ξ_k, ξ_k>, <ξ_k, ξ_{k-1}>, <ξ_{k-1}, ξ_{k-1}>)`` in the ball's metric, where known
+        self._block: tuple[Tensor, Tensor, Tensor] | None = None
+        self._best_sqnorm: Tensor | None = None  # the best iterate's, where known
+        self._gram: Tensor | None = None  # the last K
         # the moves' matrix exponentials read nothing on the host: their checks are read with
         # the losses' finiteness (a failed one is NaN, so the loss after it is not finite)
         self.checks = DeferredChecks(factorisations=False)
@@ -309,6 +323,7 @@ class Objective:
     @torch.no_grad()
     def _set_current_(self, source: Mapping[str, Tensor]) -> None:
         """``ξ_k ← source`` (the model moved there)."""
+        self._block = None
         self._unpark()
         if self.current:
             names = list(self.current)
@@ -323,6 +338,7 @@ class Objective:
         direction of norm ``rho``; ``ξ_{-1} = ξ_0``."""
         self.batch, self.where = batch, where
         self._best, self.best = Best.PREVIOUS, None
+        self._best_sqnorm = None
         self.checks.pending.clear()
         if gen is None:
             for t in self.previous.values():
@@ -419,11 +435,14 @@ class Objective:
         """The Gram matrix ``K`` (3 × 3, compute dtype) of ``(ξ_k, ξ_{k-1}, g)`` in the ball's
         metric, where ``g``, the horizontal Riemannian gradient with respect to ``ξ`` at
         ``ξ_k`` (the map's vector-Jacobian product of ``.grad``, then ``egrad2rgrad``),
-        replaces ``.grad``."""
+        replaces ``.grad``. After a step the iterates' own block is known (module docstring):
+        the pass takes only the products with ``g``."""
         # what the backward pass freed goes back to the system before the step allocates
         release_free_memory(self.device, self.space.held_bytes)
         grads = self.gradients()
-        sums = Sums(self.space, (3, 3))
+        block = self._block
+        row = block is not None
+        sums = Sums(self.space, (3,) if row else (3, 3))
         parts = list(self.space.parts())
         if self.compiled:  # one compiled kernel for the rest (quotientgeo.sharpness.fused)
             tensors = (self.weights, self.x0, self.previous, grads)
@@ -436,16 +455,15 @@ class Objective:
             ]
             K = fused_gram(fused, *tensors, self.dtype)
             if K is not None:
-                sums.add(fused[0], K)
+                sums.add(fused[0], K[:, 2] if row else K)
                 taken = {id(part) for part in fused}
                 parts = [part for part in parts if id(part) not in taken]
         with self.diagnosis.located(), self.checks:
             for part in parts:
                 s = self.base.space(part)
                 if isinstance(part, Piece):  # ξ_k, ξ_{k-1}, g read in one concatenation
-                    sums.add(
-                        part, part.gradient_gram_(s, self._xi_entries(part), self.previous, grads)
-                    )
+                    xi = self._xi_entries(part)
+                    sums.add(part, part.gradient_gram_(s, xi, self.previous, grads, row=row))
                     continue
                 # a chunk (ξ_k is held): ξ_k, ξ_{k-1} and g read into the rows of one tensor
                 rows = s.point.x.new_empty((3, *s.point.x.shape))
@@ -454,8 +472,14 @@ class Objective:
                 part.read(self.previous, self.dtype, out=prev)
                 g.copy_(s.rgrad(s.pullback(xi, part.read(grads, self.dtype))))
                 part.write_(grads, g)
-                sums.add(part, s.stacked_gram(rows))
-        return mirror_upper(sums.total())  # the parts' products, mirrored once
+                sums.add(part, s.stacked_row(rows) if row else s.stacked_gram(rows))
+        if block is None:
+            self._gram = mirror_upper(sums.total())  # the parts' products, mirrored once
+            if self._best is Best.CURRENT and self._best_sqnorm is None:
+                self._best_sqnorm = self._gram[0, 0]
+        else:
+            self._gram = _bordered(block, sums.total())
+        return self._gram
 
     @torch.no_grad()
     def advance(self, c: Tensor) -> None:
@@ -491,6 +515,9 @@ class Objective:
         for p in self.space.params.values():
             p.grad = None
         self._move_blocks_(self.current)
+        if self._exact_iterates:
+            assert self._gram is not None
+            self._block = _next_block(self._gram, c)
 
     def _eager_step(
         self,
@@ -633,6 +660,7 @@ class Objective:
         its own is freed, before the backward pass."""
         if self.worst_case and keep:
             self._best, self.best = Best.CURRENT, None
+            self._best_sqnorm = None if self._block is None else self._block[0]
 
     def best_iterate(self) -> dict[str, Tensor]:
         """The best iterate of the last Auto-PGD run (parameter coordinates, local parts): the
@@ -663,6 +691,8 @@ class Objective:
             self.evaluate(self.where.iteration(k), grad=True)
             self.gradient()
         self._best, self.best = Best.CURRENT, None  # (and ξ_{k-1}): no buffer of its own
+        if self._exact_iterates and self._best_sqnorm is not None:
+            self._block = (self._best_sqnorm, self._best_sqnorm, self._best_sqnorm)
 
     # ------------------------------------------------------------------ the result
     @torch.no_grad()
@@ -770,6 +800,20 @@ def _step_in_place_(
     add_(g, weights)  # ξ_{k+1}
     copy_(weights, x0)
     add_(weights, g)
+
+
+def _next_block(K: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(<ξ_{k+1}, ξ_{k+1}>, <ξ_{k+1}, ξ_k>, <ξ_k, ξ_k>) = (cᵀ K c, (K c)₀, K₀₀)`` from ``K``,
+    the Gram matrix of ``(ξ_k, ξ_{k-1}, g)``, and ``ξ_{k+1} = c · (ξ_k, ξ_{k-1}, g)``."""
+    Kc = K @ c
+    return c @ Kc, Kc[0], K[0, 0]
+
+
+def _bordered(block: tuple[Tensor, Tensor, Tensor], row: Tensor) -> Tensor:
+    """The Gram matrix of ``(ξ_k, ξ_{k-1}, g)`` (3 × 3, one operator) from the iterates' own
+    products ``block`` and ``row = (<ξ_k, g>, <ξ_{k-1}, g>, <g, g>)``."""
+    (a, b, d), (e, f, h) = block, row.unbind()
+    return torch.stack((a, b, e, b, d, f, e, f, h)).view(3, 3)
 
 
 def _recomputes_forward(model: nn.Module) -> bool:

@@ -3,13 +3,15 @@
 A piece's three vectors ``(ξ_k, ξ_{k-1}, ∇)`` are read in one concatenation
 (:meth:`Piece.rows`), ``∇`` becomes the Riemannian gradient in place (in the gradients' own
 tensors, :meth:`Piece.gradient_gram_`) and the Gram matrix comes from that one tensor
-(:meth:`PerturbationSpace.gradient_gram`); here ``g = ŵ² ∇`` and
-``K_ij = Σ vᵢ vⱼ / ŵ²`` (``ŵ = max(|x|, floor)``) are computed entry by entry from the
-flattened vectors, and a chunk's generic path against ``rgrad`` and :meth:`gram`, over random
-models, seeds, piece sizes, masked segments, weights at the floor and half-precision
-parameters. Tolerance: float64 to ``1e-12`` of ``√(K_ii K_jj)`` for ``K_ij`` (the order of the
-sums differs, and a sum of products rounds with the norms of its vectors), the float32 compute
-dtype of bfloat16 parameters to ``1e-5``.
+(:meth:`PerturbationSpace.gradient_gram`), or only its last column, the products with ``g``
+(``row=True``, :meth:`PerturbationSpace.gradient_row`: for the adaptive rest ``Σ v ∇``, taken
+before ``∇`` becomes ``g``); here ``g = ŵ² ∇`` and ``K_ij = Σ vᵢ vⱼ / ŵ²``
+(``ŵ = max(|x|, floor)``) are computed entry by entry from the flattened vectors, and a
+chunk's generic path against ``rgrad`` and :meth:`gram`, over random models, seeds, piece
+sizes, masked segments, weights at the floor and half-precision parameters. Tolerance: float64
+to ``1e-12`` of ``√(K_ii K_jj)`` for ``K_ij`` (the order of the sums differs, and a sum of
+products rounds with the norms of its vectors), the float32 compute dtype of bfloat16
+parameters to ``1e-5``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,14 @@ def assert_gram_close(got: torch.Tensor, expected: torch.Tensor, rtol: float) ->
     scale = expected.diagonal().sqrt()
     bound = rtol * scale[:, None] * scale[None, :]
     assert ((got.double() - expected).abs() <= bound).all(), (got, expected)
+
+
+def assert_row_close(got: torch.Tensor, expected: torch.Tensor, rtol: float) -> None:
+    """The last column of :func:`assert_gram_close`'s bound: ``|r_i - E_i2| ≤ rtol
+    √(E_ii E_22)``."""
+    scale = expected.diagonal().sqrt()
+    bound = rtol * scale * scale[2]
+    assert ((got.double() - expected[:, 2]).abs() <= bound).all(), (got, expected)
 
 
 def check_pieces(space: pt.Perturbations, seed: int, zeros: float, rtol: float) -> None:
@@ -85,6 +95,27 @@ def check_pieces(space: pt.Perturbations, seed: int, zeros: float, rtol: float) 
         for name in grads:  # nothing else written
             if name not in piece.names:
                 assert torch.equal(out[name], grads[name])
+        # the last column alone, from the concatenated rows and from the gradients' tensors
+        rows = piece.rows(
+            piece.differences(w, x0, dtype),
+            piece.entries(prev, dtype),
+            piece.entries(grads, dtype),
+        )
+        g, row = piece.space(piece.read(x0, dtype)).gradient_row(rows)
+        torch.testing.assert_close(g.double(), vectors[2], rtol=rtol, atol=0.0)
+        assert_row_close(row, expected, rtol)
+        again = {name: t.clone() for name, t in grads.items()}
+        row = piece.gradient_gram_(
+            piece.space(piece.read(x0, dtype)),
+            piece.differences(w, x0, dtype),
+            prev,
+            again,
+            row=True,
+        )
+        assert row.shape == (3,)
+        assert_row_close(row, expected, rtol)
+        for name in grads:  # g written where gradient_gram_ writes it, nothing else
+            assert torch.equal(again[name], out[name])
         grads = out
 
 
@@ -150,9 +181,11 @@ def test_chunk_gradient_gram_is_rgrad_and_gram(metric, move):
         g, gram = s.gradient_gram(torch.stack(vs))
         expected_g = s.rgrad(s.pullback(vs[0], vs[2]))
         torch.testing.assert_close(g, expected_g, rtol=1e-12, atol=1e-14)
-        torch.testing.assert_close(
-            pt.mirror_upper(gram), s.gram(vs[0], vs[1], expected_g), rtol=1e-12, atol=1e-14
-        )
+        expected = s.gram(vs[0], vs[1], expected_g)
+        torch.testing.assert_close(pt.mirror_upper(gram), expected, rtol=1e-12, atol=1e-14)
+        g, row = s.gradient_row(torch.stack(vs))
+        torch.testing.assert_close(g, expected_g, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(row, expected[:, 2], rtol=1e-12, atol=1e-14)
 
 
 @given(
