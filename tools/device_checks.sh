@@ -29,7 +29,8 @@ tail -1 "$OUT/test_cuda.txt"
 qg="python3 -m quotientgeo.cli bench"
 gpt2=(--layers 12 --d 768 --heads 12)
 big=(--layers 22 --d 2048 --heads 16)
-run 100 sharpness_124m.json $qg sharpness --device cuda --json "${gpt2[@]}" --rounds ${ROUNDS:-4}
+run 100 sharpness_124m.json $qg sharpness --device cuda --json "${gpt2[@]}" --rounds ${ROUNDS:-4} \
+  --n-iter 2 --extra 8
 grep -h -A5 '"ratios"' "$OUT"/sharpness_124m.json
 run 80 hvp_124m.json $qg cost --hvp --device cuda --json "${gpt2[@]}" --vocab 50257 --seq 128 \
   --batch 4 --hvp-rounds 3

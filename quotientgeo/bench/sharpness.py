@@ -10,7 +10,11 @@ feed-forward width ``4d``) on one batch of ``batch × seq`` random inputs. Conte
   sharpness (inv, closed-form geodesic): a run with ``n_iter`` and a run with
   ``n_iter + extra`` iterations. Per round, seconds per iteration are
   ``(long - short) / extra``: setup, the base-point factorizations and the last forward pass
-  cancel.
+  cancel. So do Auto-PGD's checkpoints where both runs have as many (by default 16 and 24
+  iterations, seven each): a run has at most eight whatever its length (at fractions of
+  ``n_iter``), and a restart there costs one more forward pass, a per-run cost that a window
+  between runs of 2 and 10 iterations (one checkpoint and four) would spread over its
+  iterations as if every iteration paid it.
 
 Ratios (``geodesic_mix/adaptive``, ``geodesic_inv/adaptive``, ``adaptive/floor``,
 ``exact_inv/second_order_inv``) are medians over rounds of the per-round ratios; seconds are
@@ -26,11 +30,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from collections.abc import Callable
 
 import torch
 
 from ..sharpness import Measure
+from ..sharpness.apgd import checkpoints
 from ..testing import TinyTransformerClassifier, cross_entropy
 from .options import add_model_arguments, run_config
 from .timing import interleaved, median_ratio
@@ -51,8 +57,8 @@ RATIOS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_arguments(parser, layers=4, d=256, heads=8, seq=64, batch=32, rounds=12)
-    parser.add_argument("--n-iter", type=int, default=2, help="iterations of the short run")
+    add_model_arguments(parser, layers=4, d=256, heads=8, seq=64, batch=32, rounds=6)
+    parser.add_argument("--n-iter", type=int, default=16, help="iterations of the short run")
     parser.add_argument("--extra", type=int, default=8, help="extra iterations of the long run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--progress", action="store_true", help="progress bar over rounds")
@@ -123,6 +129,14 @@ def run(args: argparse.Namespace) -> int:
             args.extra
         )
     out["evaluations_per_iteration"] = {k: v for k, v in per_evaluation.items() if k != "floor"}
+    out["checkpoints"] = {"short": len(checkpoints(short)), "long": len(checkpoints(long))}
+    if out["checkpoints"]["short"] != out["checkpoints"]["long"]:
+        print(
+            f"note: the runs of {short} and {long} iterations have {out['checkpoints']['short']} "
+            f"and {out['checkpoints']['long']} Auto-PGD checkpoints: their restarts' extra "
+            "forward passes count against the extra iterations",
+            file=sys.stderr,
+        )
     out["ratios_per_evaluation"] = {
         key: out["ratios"][key] * per_evaluation[b] / per_evaluation[a]
         for key, (a, b) in RATIOS.items()

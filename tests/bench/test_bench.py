@@ -29,8 +29,13 @@ def test_harness_warms_up_rotates_and_times_every_round():
 
 def test_sharpness_bench_json(capsys):
     argv = ["bench", "sharpness", "--layers", "1", "--d", "16", "--heads", "2", "--seq", "3"]
-    assert main([*argv, "--batch", "2", "--extra", "2", "--rounds", "2", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
+    argv += ["--batch", "2", "--n-iter", "2", "--extra", "2", "--rounds", "2", "--json"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    # runs of 2 and 4 iterations: one checkpoint and three, said on stderr
+    assert result["checkpoints"] == {"short": 1, "long": 3}
+    assert "checkpoints" in captured.err
     assert set(result["ratios"]) == {
         "geodesic_mix/adaptive",
         "geodesic_inv/adaptive",
