@@ -32,7 +32,9 @@ width, 12 heads by default) at two depths and reports, per depth:
   of ``n_iter`` and one of ``n_iter + extra`` iterations are counted, from each the calls of
   ``loss_fn`` (with and without gradient) and the backward passes are subtracted at the
   counts of the floor's forward and backward passes, and the difference of the two runs is
-  divided by ``extra`` (setup, the base point's copy and the restoration cancel);
+  divided by ``extra`` (setup, the base point's copy and the restoration cancel, and so do
+  Auto-PGD's checkpoints: runs of 16 and 26 iterations by default have seven each, see
+  :mod:`.sharpness`);
 - for ``sam``, ``asam``, ``geodesic_sam`` (:class:`~quotientgeo.GeodesicSAM` around
   ``torch.optim.SGD``) the cost per step beyond two forward+backward passes and the base
   optimizer's step, and for ``quotient_optimizer`` (geoopt's ``RiemannianSGD``) beyond one
@@ -55,7 +57,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from .memory import build, measures, parameter_bytes
-from .options import run_config
+from .options import run_config, window_checkpoints
 
 aten = torch.ops.aten
 
@@ -295,7 +297,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq", type=int, default=32, help="tokens per sequence")
     parser.add_argument("--batch", type=int, default=2, help="sequences per batch")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
-    parser.add_argument("--n-iter", type=int, default=2, help="iterations of the short run")
+    parser.add_argument("--n-iter", type=int, default=16, help="iterations of the short run")
     parser.add_argument("--extra", type=int, default=10, help="extra iterations of the long run")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps counted")
     parser.add_argument("--device", default="cpu")
@@ -327,6 +329,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_hvp(args)
     out: dict[str, Any] = {
         "depths": {str(layers): _depth(args, layers) for layers in args.layers},
+        "checkpoints": window_checkpoints(args.n_iter, args.n_iter + args.extra),
         "config": run_config(args, *CONFIG),
     }
     if args.json:

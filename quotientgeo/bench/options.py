@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import platform
+import sys
 
 import torch
+
+from ..sharpness.apgd import checkpoints
 
 
 def add_model_arguments(
@@ -39,3 +42,18 @@ def run_config(args: argparse.Namespace, *names: str) -> dict[str, object]:
         "torch": torch.__version__,
         "machine": platform.processor() or platform.machine(),
     }
+
+
+def window_checkpoints(short: int, long: int) -> dict[str, int]:
+    """Auto-PGD's checkpoints in runs of ``short`` and ``long`` iterations, whose difference is
+    a benchmark's window; a note on stderr where they differ (a restart at a checkpoint costs
+    a forward pass, which the window then counts as the extra iterations' cost)."""
+    counts = {"short": len(checkpoints(short)), "long": len(checkpoints(long))}
+    if counts["short"] != counts["long"]:
+        print(
+            f"note: the runs of {short} and {long} iterations have {counts['short']} and "
+            f"{counts['long']} Auto-PGD checkpoints: their restarts' extra forward passes "
+            "count against the extra iterations",
+            file=sys.stderr,
+        )
+    return counts

@@ -30,15 +30,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from collections.abc import Callable
 
 import torch
 
 from ..sharpness import Measure
-from ..sharpness.apgd import checkpoints
 from ..testing import TinyTransformerClassifier, cross_entropy
-from .options import add_model_arguments, run_config
+from .options import add_model_arguments, run_config, window_checkpoints
 from .timing import interleaved, median_ratio
 
 RHO = 0.05
@@ -129,14 +127,7 @@ def run(args: argparse.Namespace) -> int:
             args.extra
         )
     out["evaluations_per_iteration"] = {k: v for k, v in per_evaluation.items() if k != "floor"}
-    out["checkpoints"] = {"short": len(checkpoints(short)), "long": len(checkpoints(long))}
-    if out["checkpoints"]["short"] != out["checkpoints"]["long"]:
-        print(
-            f"note: the runs of {short} and {long} iterations have {out['checkpoints']['short']} "
-            f"and {out['checkpoints']['long']} Auto-PGD checkpoints: their restarts' extra "
-            "forward passes count against the extra iterations",
-            file=sys.stderr,
-        )
+    out["checkpoints"] = window_checkpoints(short, long)
     out["ratios_per_evaluation"] = {
         key: out["ratios"][key] * per_evaluation[b] / per_evaluation[a]
         for key, (a, b) in RATIOS.items()

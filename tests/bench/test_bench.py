@@ -152,8 +152,11 @@ def test_cost_bench_json(capsys):
     argv = ["bench", "cost", "--layers", "1", "2", "--d", "16", "--heads", "2", "--vocab", "50"]
     argv += ["--seq", "4", "--n-iter", "1", "--extra", "2", "--steps", "1", "--json"]
     assert main(argv) == 0
-    result = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
     assert set(result["depths"]) == {"1", "2"}
+    # runs of 1 and 3 iterations: no checkpoint and two, said on stderr
+    assert result["checkpoints"] == {"short": 0, "long": 2} and "checkpoints" in captured.err
     for depth in result["depths"].values():
         rows = depth["per_iteration"]
         assert set(rows) >= {"floor", "adaptive", "geodesic_mix", "geodesic_inv"}
