@@ -212,18 +212,17 @@ class PerturbationSpace:
         return d, self.stacked_gram(rows)
 
     def gradient_row(self, rows: Tensor) -> tuple[Tensor, Tensor]:
-        """``(g, r)``: :meth:`gradient_gram`'s ``g`` (in place, in ``rows[2]``) with only the
-        last column of its ``K``, ``r = (<ξ, g>, <ξ_prev, g>, <g, g>)`` in the ball's metric
-        (:meth:`stacked_row`). For a piece of the adaptive rest ``<v, ŵ² ∇> = Σ v ∇`` in the
-        metric ``1/ŵ²``: the products are taken with ``∇`` before it becomes ``g``, and the
-        metric is not applied at all."""
+        """``(g, r)``: :meth:`gradient_gram`'s ``g`` with only the last column of its ``K``,
+        ``r = (<ξ, g>, <ξ_prev, g>, <g, g>)`` in the ball's metric (:meth:`stacked_row`). For a
+        piece of the adaptive rest ``<v, ŵ² ∇> = Σ v ∇`` in the metric ``1/ŵ²``: the products
+        are taken with ``∇`` (``rows[2]``, kept), ``g = ŵ² ∇`` is a new tensor, and the metric
+        is not applied at all; any other part's ``g`` replaces ``rows[2]``."""
         xi, _, d = rows.unbind(0)
         if not self.adaptive_rest:
             d.copy_(self.rgrad(self.pullback(xi, d)))
             return d, self.stacked_row(rows)
         g = d * self.ball.scale_squared(self.point)
-        row = _products_with_gradient(rows.reshape(3, -1), g.reshape(-1))
-        return d.copy_(g), row
+        return g, _products_with_gradient(rows.reshape(3, -1), g.reshape(-1))
 
     def random(self, e: Tensor) -> Tensor:
         """The horizontal direction of the standard Gaussian draw ``e`` (of the point's shape):
@@ -477,22 +476,17 @@ class Piece:
         (:meth:`PerturbationSpace.stacked_gram`, not mirrored), with ``grads ← g = rgrad(∇)``
         there (``space``: the piece at its base point; ``xi``: :meth:`entries` of ``ξ``); with
         ``row``, its last column only, ``(<ξ, g>, <ξ_prev, g>, <g, g>)``
-        (:meth:`PerturbationSpace.gradient_row`). A piece of the adaptive rest whose gradients
-        are plain views gets ``g = ŵ² ∇`` in the gradients' own tensors (one ``_foreach``
-        operator) and the three vectors read into one ``(3, n)`` tensor; any other reads ``∇``
-        with them and writes ``g`` back (:meth:`PerturbationSpace.gradient_gram`)."""
+        (:meth:`PerturbationSpace.gradient_row`). The three vectors are read into one
+        ``(3, n)`` tensor and ``g`` is written back (one ``_foreach_copy_`` where the gradients
+        are plain views); for the whole matrix, a piece of the adaptive rest whose gradients
+        are plain views gets ``g = ŵ² ∇`` in place in the gradients' own tensors (one
+        ``_foreach_mul_``) instead (:meth:`PerturbationSpace.gradient_gram`)."""
         dtype = space.point.dtype
-        views = self.views(grads, dtype) if space.adaptive_rest else None
+        views = self.views(grads, dtype) if space.adaptive_rest and not row else None
         if views is not None:
             scale = space.manifold.scale_squared(space.point)
-            if not row:
-                torch._foreach_mul_(views, self.split(scale))  # pyright: ignore[reportPrivateImportUsage]
-                return space.stacked_gram(self.rows(xi, self.entries(previous, dtype), views))
-            # the products with ∇ (<v, ŵ² ∇> = Σ v ∇ in the metric 1/ŵ²), then g over ∇
-            rows = self.rows(xi, self.entries(previous, dtype), views)
-            g = rows[2] * scale
-            torch._foreach_copy_(views, self.split(g))  # pyright: ignore[reportPrivateImportUsage]
-            return _products_with_gradient(rows, g)
+            torch._foreach_mul_(views, self.split(scale))  # pyright: ignore[reportPrivateImportUsage]
+            return space.stacked_gram(self.rows(xi, self.entries(previous, dtype), views))
         rows = self.rows(xi, self.entries(previous, dtype), self.entries(grads, dtype))
         g, gram = space.gradient_row(rows) if row else space.gradient_gram(rows)
         self.write_(grads, g)
