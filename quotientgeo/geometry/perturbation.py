@@ -136,6 +136,8 @@ class PerturbationSpace:
             self.point.cache = _KeptFactors(factors, x)
         self.linear = move == "retr"
         self._move = functools.partial(getattr(manifold, move), self.point)
+        vjp = {"retr": None, "expmap2": manifold.expmap2_vjp, "expmap": manifold.expmap_vjp}[move]
+        self._vjp = None if vjp is None else functools.partial(vjp, self.point)
         self.speed = speed
         self.first_order = functools.partial(manifold.retr, self.point)  # ``x + ξ``
         self.ball = ball
@@ -160,13 +162,13 @@ class PerturbationSpace:
 
     def pullback(self, xi: Tensor, d: Tensor) -> Tensor:
         """``J(ξ)ᵀ d``: the gradient with respect to ``ξ`` of a function of ``move(ξ)`` whose
-        gradient there is ``d`` (the map's vector-Jacobian product; ``d`` itself for ``x + ξ``)."""
-        if self.linear:
+        gradient there is ``d`` (the map's vector-Jacobian product: ``d`` itself for ``x + ξ``,
+        else the manifold's ``expmap2_vjp`` or ``expmap_vjp``, with ``‖ξ‖ ≤ speed``
+        promised)."""
+        if self._vjp is None:
             return d
-        with torch.enable_grad():
-            leaf = xi.detach().requires_grad_(True)
-            (out,) = torch.autograd.grad(self.move(leaf), leaf, d)
-        return out
+        with speeds_at_most(self.speed):
+            return self._vjp(xi, d)
 
     def sqnorm(self, c: Tensor) -> Tensor:
         """``||c||²`` in the ball's metric, summed over the batch (0-dim)."""
@@ -280,9 +282,16 @@ class BasePoint:
     def __init__(self, x: Mapping[str, Tensor], dtype: torch.dtype):
         self.x, self.dtype = x, dtype
         self._factors: dict[BlockChunk | Piece, dict[str, Any]] = {}
+        self._views: dict[BlockChunk | Piece, Tensor | None] = {}
 
     def space(self, part: BlockChunk | Piece, x: Tensor | None = None) -> PerturbationSpace:
-        """``part`` at the point (``x``: its point, already read), with the factors kept."""
+        """``part`` at the point (``x``: its point, already read), with the factors kept; a
+        piece whose entries are one view of the point (:meth:`Piece.view`) is not read again."""
+        if x is None:
+            if part not in self._views:
+                view = part.view(self.x, self.dtype) if isinstance(part, Piece) else None
+                self._views[part] = view
+            x = self._views[part]
         if x is None:
             x = part.read(self.x, self.dtype)
         return part.space(x, self._factors.setdefault(part, {}))
@@ -424,6 +433,27 @@ class Piece:
         if len(values) == 1:
             return values[0].to(dtype)
         return torch.cat([v.to(dtype) for v in values])
+
+    def view(self, tensors: Mapping[str, Tensor], dtype: torch.dtype) -> Tensor | None:
+        """The piece's entries of ``tensors`` as one view, where they are of ``dtype``, no
+        segment is masked and the segments lie one after the other in one storage (tensors
+        allocated together, in order), else ``None``."""
+        if any(seg.mask is not None for seg in self.segments):
+            return None
+        values = [seg.of(tensors[seg.name]) for seg in self.segments]
+        first = values[0]
+        storage, end = first.untyped_storage().data_ptr(), first.storage_offset()
+        for v in values:
+            if (
+                v.dtype != dtype
+                or v.dim() != 1
+                or (v.numel() > 1 and v.stride(0) != 1)
+                or v.storage_offset() != end
+                or v.untyped_storage().data_ptr() != storage
+            ):
+                return None
+            end += v.numel()
+        return first.as_strided((end - first.storage_offset(),), (1,))
 
     def views(self, tensors: Mapping[str, Tensor], dtype: torch.dtype) -> list[Tensor] | None:
         """The segments' entries of ``tensors`` as views, where no segment is masked and every
@@ -706,6 +736,14 @@ class Perturbations:
         self.rest_manifold = rest if rest is not None else geometry.rest_manifold()
         self.rest = self._pieces(plan.rest_names, masked=True)
         self.pieces = self._pieces(list(self.params), masked=False)
+
+    @property
+    def order(self) -> list[str]:
+        """The parameters' names, those of the rest's pieces first, in the pieces' order: a
+        copy of the parameters allocated together in this order (:func:`clone_together`)
+        holds each unmasked piece of the rest as one view (:meth:`Piece.view`)."""
+        names = {seg.name: None for piece in self.rest for seg in piece.segments}
+        return [*names, *(name for name in self.params if name not in names)]
 
     def _pieces(self, names, *, masked: bool) -> list[Piece]:
         """The entries of the local parts of ``names`` (``masked``: the adaptive ones only) cut

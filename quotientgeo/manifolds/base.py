@@ -23,9 +23,10 @@ and optionally ``metric_inv(p, v)`` (otherwise conjugate gradients on ``metric``
   Gaussian of the metric, projected;
 - Christoffel contraction ``Γ(u, u) = M⁻¹ [DM(x)[u] u - ½ ∇ₓ(uᵀ M(x) u)]`` by forward- and
   reverse-mode autodiff, and ``Γ(u, v) = ¼ [Γ(u+v, u+v) - Γ(u-v, u-v)]`` by polarisation;
-- retraction ``x + u``, second-order exponential map ``x + u - ½ Γ(u, u)``, exact exponential
-  map by RK4 on ``ẍ = -Γ(ẋ, ẋ)`` (step count from the velocity, :mod:`.ode`), transport by
-  horizontal projection at the new point.
+- retraction ``x + u``, second-order exponential map ``x + u - ½ Γ(u, u)`` and its
+  vector-Jacobian product (reverse-mode autodiff), exact exponential map by RK4 on
+  ``ẍ = -Γ(ẋ, ẋ)`` (step count from the velocity, :mod:`.ode`), transport by horizontal
+  projection at the new point.
 
 Subclasses with closed forms override the derived methods; :meth:`QuotientManifold.generic`
 returns the same quotient computed by the derived (autodiff) path anyway, for testing the
@@ -38,6 +39,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import contextvars
+import functools
 import math
 import warnings
 from collections.abc import Callable, Hashable, Iterator
@@ -474,9 +476,22 @@ class QuotientManifold(Manifold):
         p = self.at(x)
         return torch.sub(p.x + u, self.christoffel(p, u), alpha=0.5)
 
+    def expmap2_vjp(self, x: Tensor | AtPoint, u: Tensor, d: Tensor) -> Tensor:
+        """``J(u)ᵀ d`` with ``J`` the Jacobian of ``u ↦ expmap2(x, u)``: the gradient with
+        respect to ``u`` of a function of ``expmap2(x, u)`` whose gradient there is ``d``. Here
+        by reverse-mode autodiff through :meth:`expmap2`; closed forms in subclasses. Not
+        differentiable itself."""
+        return _vjp(functools.partial(self.expmap2, self.at(x)), u, d)
+
     def expmap(self, x: Tensor | AtPoint, u: Tensor, *, steps: int | None = None) -> Tensor:
         """Exact exponential map ``γ(1)`` (:meth:`geodesic`)."""
         return self.geodesic(x, u, steps=steps)[0]
+
+    def expmap_vjp(self, x: Tensor | AtPoint, u: Tensor, d: Tensor) -> Tensor:
+        """``J(u)ᵀ d`` with ``J`` the Jacobian of ``u ↦ expmap(x, u)`` (:meth:`expmap2_vjp`'s
+        counterpart): here by reverse-mode autodiff through :meth:`expmap`; closed forms in
+        subclasses. Not differentiable itself."""
+        return _vjp(functools.partial(self.expmap, self.at(x)), u, d)
 
     def geodesic(
         self, x: Tensor | AtPoint, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
@@ -616,3 +631,11 @@ class QuotientManifold(Manifold):
         from .quotient import GenericPath
 
         return GenericPath(self, metric_inv=metric_inv)
+
+
+def _vjp(f: Callable[[Tensor], Tensor], u: Tensor, d: Tensor) -> Tensor:
+    """``J(u)ᵀ d`` of ``f`` at ``u`` by reverse-mode autodiff (a detached result)."""
+    with torch.enable_grad():
+        leaf = u.detach().requires_grad_(True)
+        (out,) = torch.autograd.grad(f(leaf), leaf, d)
+    return out

@@ -187,6 +187,11 @@ class Quotient(QuotientManifold):
     def expmap2(self, x: Tensor | AtPoint, u: Tensor) -> Tensor:
         return self._parts[0].expmap2(self.at(x), u)
 
+    def expmap2_vjp(self, x: Tensor | AtPoint, u: Tensor, d: Tensor) -> Tensor:
+        if type(self).expmap2 is not Quotient.expmap2:  # a subclass's own map: autodiff
+            return super().expmap2_vjp(x, u, d)
+        return self._parts[0].expmap2_vjp(self.at(x), u, d)
+
     def geodesic(
         self, x: Tensor | AtPoint, u: Tensor, t: float | Tensor = 1.0, *, steps: int | None = None
     ) -> tuple[Tensor, Tensor]:
@@ -195,6 +200,11 @@ class Quotient(QuotientManifold):
 
     def expmap(self, x: Tensor | AtPoint, u: Tensor, *, steps: int | None = None) -> Tensor:
         return self._parts[0].expmap(self.at(x), u, steps=steps)
+
+    def expmap_vjp(self, x: Tensor | AtPoint, u: Tensor, d: Tensor) -> Tensor:
+        if type(self).expmap is not Quotient.expmap:  # a subclass's own map: autodiff
+            return super().expmap_vjp(x, u, d)
+        return self._parts[0].expmap_vjp(self.at(x), u, d)
 
 
 class GenericPath(Quotient):
@@ -226,8 +236,10 @@ class GenericPath(Quotient):
     inner = QuotientManifold.inner
     christoffel = QuotientManifold.christoffel
     expmap2 = QuotientManifold.expmap2
+    expmap2_vjp = QuotientManifold.expmap2_vjp
     geodesic = QuotientManifold.geodesic
     expmap = QuotientManifold.expmap
+    expmap_vjp = QuotientManifold.expmap_vjp
 
     def metric_inv(self, p: AtPoint, v: Tensor) -> Tensor:
         if self.own_metric_inv:

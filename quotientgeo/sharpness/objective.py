@@ -550,14 +550,9 @@ class Objective:
         """The step of :meth:`advance` at every entry that moves along a straight line with
         ``ξ_k`` in the weights, for all pieces at once, where ``ξ_{k-1}``'s buffers may take
         ``ξ_k`` (it is not the best point): one compiled kernel with ``compile``
-        (:func:`~quotientgeo.sharpness.fused.fused_step`), else nine in-place ``_foreach``
-        operators (:func:`_step_in_place_`) where no iterate is held (a measure without
-        symmetry blocks: where pieces also hold symmetric parameters, whose step goes piece by
-        piece, the rest's entries cost fewer operators in the same ``_foreach`` calls). Neither
-        allocates, so the gradients need not be freed piece by piece; by piece index, the
-        names it took."""
-        if not self.compiled and self.current:
-            return {}
+        (:func:`~quotientgeo.sharpness.fused.fused_step`), else eight in-place ``_foreach``
+        operators (:func:`_step_in_place_`). Neither allocates, so the gradients need not be
+        freed piece by piece; by piece index, the names it took."""
         moving = self.straight.difference(self.current)
         tensors = (self.weights, self.x0, self.previous, grads)
         parts = {}
@@ -785,9 +780,10 @@ def _step_in_place_(
     weights: list[Tensor], x0: list[Tensor], previous: list[Tensor], g: list[Tensor], c: Tensor
 ) -> None:
     """``ξ_{k+1} = c₀ ξ_k + c₁ ξ_{k-1} + c₂ g`` with ``weights = x₀ + ξ_k``: ``previous ← ξ_k``
-    and ``weights ← x₀ + ξ_{k+1}``, in place on lists of matching views, nine ``_foreach``
-    operators for all of them and nothing allocated (``g`` holds ``ξ_{k+1}`` after). The
-    products and sums are :meth:`Objective._combination`'s, in its order: the same bits."""
+    and ``weights ← x₀ + ξ_{k+1}``, in place on lists of matching views, eight ``_foreach``
+    operators for all of them and nothing allocated (``g`` is overwritten). The products and
+    sums are :meth:`Objective._combination`'s, in its order (a sum's two terms swapped, which
+    rounds the same): the same bits."""
     c0, c1, c2 = c.unbind()
     mul_, add_ = torch._foreach_mul_, torch._foreach_add_  # pyright: ignore[reportPrivateImportUsage]
     sub_, copy_ = torch._foreach_sub_, torch._foreach_copy_  # pyright: ignore[reportPrivateImportUsage]
@@ -797,9 +793,8 @@ def _step_in_place_(
     sub_(weights, x0)  # ξ_k, where the weights were
     copy_(previous, weights)
     mul_(weights, c0)
-    add_(g, weights)  # ξ_{k+1}
-    copy_(weights, x0)
-    add_(weights, g)
+    add_(weights, g)  # ξ_{k+1}
+    add_(weights, x0)
 
 
 def _next_block(K: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -79,7 +79,8 @@ def run(
     )
     offset = ranks.batch_offset(batches)
     records, failure = [], None
-    with model_state_preserved(model, geometry.params) as x0, bar:
+    params = {name: geometry.params[name] for name in space.order}
+    with model_state_preserved(model, params) as x0, bar:
         try:
             worst = isinstance(case, WorstCase)
             with Objective(

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..geometry import shards
+from ..geometry.perturbation import clone_together
 
 __all__ = ["model_state_preserved"]
 
@@ -19,11 +20,11 @@ def model_state_preserved(
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Evaluate in eval mode; restore modes, buffers, ``params`` and ``.grad`` bit-exactly.
 
-    Yields a copy of ``params`` (by name; each tensor's local part where the model is sharded):
-    the starting weights, which the caller may perturb the model away from in place; they are
-    written back on exit, also on an exception or ``KeyboardInterrupt``. Gradients are put
-    aside, not copied: every ``.grad`` is ``None`` inside, and the very tensors (unchanged) are
-    back on exit.
+    Yields a copy of ``params`` (by name; each tensor's local part where the model is sharded,
+    contiguous, in order in one allocation per dtype and device): the starting weights, which
+    the caller may perturb the model away from in place; they are written back on exit, also
+    on an exception or ``KeyboardInterrupt``. Gradients are put aside, not copied: every
+    ``.grad`` is ``None`` inside, and the very tensors (unchanged) are back on exit.
     """
     modes = [(m, m.training) for m in model.modules()]
     buffers = [
@@ -37,9 +38,8 @@ def model_state_preserved(
     targets = {} if params is None else {name: shards.local(p) for name, p in params.items()}
     saved = {}
     try:
-        with torch.no_grad():
-            for name, t in targets.items():
-                saved[name] = t.clone(memory_format=torch.contiguous_format)
+        with torch.no_grad():  # adjacent in one allocation: consecutive ones read as one view
+            saved = dict(zip(targets, clone_together(list(targets.values())), strict=True))
         for p, _ in grads:
             p.grad = None
         model.eval()

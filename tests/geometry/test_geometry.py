@@ -738,6 +738,57 @@ def test_pieces_take_a_chunks_worth_where_that_is_more(widths, piece, chunk_entr
 
 
 @given(
+    seed=st.integers(0, 2**16),
+    piece=st.sampled_from([7, 50, 10_000]),
+    symmetric=st.booleans(),
+    masked=st.booleans(),
+)
+@settings(max_examples=30, deadline=None)
+def test_a_copy_in_the_spaces_order_holds_each_piece_of_the_rest_as_one_view(
+    seed, piece, symmetric, masked
+):
+    """Parameters copied together in ``Perturbations.order`` (the rest's pieces first): every
+    piece of the rest without a masked segment is one view of the copy (``Piece.view``), equal
+    to its read; a masked piece, another dtype or segments apart are not (``None``)."""
+    from quotientgeo.geometry import perturbation as p
+    from quotientgeo.testing import TinyTransformerClassifier
+
+    torch.manual_seed(seed)
+    model = TinyTransformerClassifier(d=8, heads=2, layers=2, classes=3).double()
+    geometry = find_symmetries(model) if symmetric else ParameterGeometry(model)
+    if masked:  # hidden units 0..3 of the first feed-forward layer as GL(1) pairs
+        first, second = "encoder.layers.0.linear1.weight", "encoder.layers.0.linear2.weight"
+        geometry = ParameterGeometry(model).add_gl_pair(
+            Source(first, rows=(0, 4)), Source(second, axis=1, cols=(0, 4)), heads=4
+        )
+    with pytest.MonkeyPatch.context() as mp:  # pieces of a few entries
+        for name, value in (("PIECE", piece), ("SMALL", piece), ("MIN_CHUNK_BYTES", piece)):
+            mp.setattr(p, name, value)
+        mp.setattr(p, "CHUNK_FRACTION", 1e-9)
+        space = p.Perturbations(geometry, "second_order")
+    assert sorted(space.order) == sorted(space.params)
+    local = space.local()
+    together = dict(
+        zip(space.order, p.clone_together([local[n] for n in space.order]), strict=True)
+    )
+    for part in space.rest:
+        view = part.view(together, torch.float64)
+        if any(seg.mask is not None for seg in part.segments):
+            assert view is None
+            continue
+        assert view is not None
+        assert (
+            view.untyped_storage().data_ptr()
+            == together[part.names[0]].untyped_storage().data_ptr()
+        )
+        assert torch.equal(view, part.read(local, torch.float64))
+        assert part.view(together, torch.float32) is None
+    if masked or any(len(part.segments) > 1 for part in space.rest):
+        apart = {name: t.clone() for name, t in local.items()}  # one allocation each
+        assert any(part.view(apart, torch.float64) is None for part in space.rest)
+
+
+@given(
     shapes=st.lists(st.lists(st.integers(0, 5), max_size=3), min_size=1, max_size=8),
     kinds=st.lists(st.sampled_from([torch.float32, torch.float64, torch.bfloat16]), min_size=8),
     copy=st.booleans(),

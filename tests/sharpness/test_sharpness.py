@@ -543,6 +543,36 @@ def test_model_restored_bit_exactly(stateful_model, failure):
     assert_same(before, snapshot(model))
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+def test_the_starting_weights_are_copied_in_order_into_one_allocation_per_dtype(reverse):
+    """``model_state_preserved`` yields the parameters' copies (equal values, no memory shared
+    with them) in the order given, one after the other in one allocation per dtype, so that a
+    run of them reads as one view; the model comes back bit-exactly."""
+    from quotientgeo.sharpness.state import model_state_preserved
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)).to(DT)
+    model[1].to(torch.float32)
+    params = dict(model.named_parameters())
+    if reverse:
+        params = dict(reversed(params.items()))
+    before = snapshot(model)
+    with model_state_preserved(model, params) as x0:
+        assert list(x0) == list(params)
+        for dtype in (DT, torch.float32):
+            copies = [t for t in x0.values() if t.dtype == dtype]
+            assert len({t.untyped_storage().data_ptr() for t in copies}) == 1
+            for a, b in itertools.pairwise(copies):
+                assert b.storage_offset() == a.storage_offset() + a.numel()
+        for name, t in x0.items():
+            assert torch.equal(t, params[name]) and t.is_contiguous()
+            assert t.untyped_storage().data_ptr() != params[name].untyped_storage().data_ptr()
+        with torch.no_grad():
+            for p in params.values():
+                p.add_(1.0)
+    assert_same(before, snapshot(model))
+
+
 # ---------------------------------------------------------------------- bad input
 def test_bad_rho_and_sizes():
     model, batches = mlp(), mlp_batches()

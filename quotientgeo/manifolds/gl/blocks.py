@@ -11,7 +11,7 @@ import torch
 
 Tensor = torch.Tensor
 
-__all__ = ["Coefficients", "FactorCoefficients", "Products", "blockwise"]
+__all__ = ["Coefficients", "FactorCoefficients", "Products", "blockwise", "factor_products"]
 
 FactorCoefficients = tuple[Tensor, Tensor, "Tensor | None"]
 Coefficients = tuple[FactorCoefficients, FactorCoefficients]
@@ -74,3 +74,15 @@ def blockwise(
         flat[:, :n].baddbmm_(u[:, :n], W_G.reshape(-1, h, h))
         flat[:, n:].baddbmm_(u[:, n:], W_H.reshape(-1, h, h))
     return add
+
+
+def factor_products(n: int, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """``(a_Gᵀ b_G, a_Hᵀ b_H)``, ``h × h`` per factor, for ``a = [a_G; a_H]`` and ``b`` with ``n``
+    rows in the ``G`` block: one batched product over ``2·heads`` factors where ``a`` and ``b``
+    have the same shape and ``G`` and ``H`` as many rows, else one per factor (broadcast)."""
+    rows, h = a.shape[-2:]
+    if a.shape == b.shape and rows == 2 * n:
+        both = torch.bmm(a.reshape(-1, n, h).mT, b.reshape(-1, n, h))
+        G, H = both.view(*a.shape[:-2], 2, h, h).unbind(-3)
+        return G, H
+    return a[..., :n, :].mT @ b[..., :n, :], a[..., n:, :].mT @ b[..., n:, :]

@@ -76,6 +76,26 @@ class InvTotalSpace(GLTotalSpace):
             return super().expmap(x, u, steps=steps)
         return self._closed_form(x, u, 1.0, velocity=False)[0]
 
+    def expmap_vjp(self, x: Tensor | AtPoint, u: Tensor, d: Tensor) -> Tensor:
+        """``J(u)ᵀ d`` of :meth:`expmap`: for ``eps = 0`` the closed form ``γ_F(1) = F A_F +
+        u_F B_F``, its ``h × h`` coefficients functions of ``Fᵀ u_F`` and ``u_Fᵀ u_F``
+        (:func:`inv_geodesic`; :meth:`~.total.GLTotalSpace._affine_vjp`) with the matrix
+        exponentials' squarings of :meth:`expmap`; else (``eps > 0``, or a subclass's own
+        ``expmap``) autodiff through the map."""
+        if self.relaxed or type(self).expmap is not InvTotalSpace.expmap:
+            return super().expmap_vjp(x, u, d)
+        p = self.at(x)
+        bound = speed_bound()
+        L = torch.stack(self.cholesky_factors(p))
+        L_inv = p.cached("cholesky_inverses", lambda: lower_inverse(L))
+
+        def coefficients(S, T):
+            rows = _rows(torch.stack([mT(s) for s in S]), torch.stack(T), L_inv, 1.0, bound)[0]
+            A, B = _coefficients(rows, L, L_inv)
+            return A.unbind(0), B.unbind(0)
+
+        return self._affine_vjp(p, u, d, coefficients)
+
     def _closed_form(
         self, x: Tensor | AtPoint, u: Tensor, t: float | Tensor, velocity: bool
     ) -> tuple[Tensor, Tensor | None]:
@@ -200,17 +220,7 @@ def inv_geodesics(
     # Fᵀξ and ξᵀξ of every factor, one stack
     products = [mT(F) @ xi for F, xi in factors] + [mT(xi) @ xi for _, xi in factors]
     FtXi, XitXi = torch.stack(products).unflatten(0, (2, len(factors))).unbind(0)
-    M, X, minus_S2, sigma = _generators(FtXi, XitXi, L_inv)
-    s_M, s_X = (None, None) if speed is None else squarings_at_speed(h, speed)
-
-    def times_t(A: Tensor) -> Tensor:
-        return A if isinstance(t, (int, float)) and t == 1 else t * A
-
-    E1, E2 = expm(times_t(M), s_M)[..., :h].split(h, -2)  # expm(t M_balanced)[:, :h]
-    E2 = E2 / sigma
-    E_X = expm(times_t(mT(X)), s_X)
-    # [Y₁ - X Y₂; Y₂] with Y = [E₁; E₂/σ] expm(tXᵀ)
-    rows = torch.cat([linalg.matmul_add(E1, X, E2, alpha=-1.0), E2], -2) @ E_X
+    rows, X, minus_S2 = _rows(FtXi, XitXi, L_inv, t, speed)
     points = _combinations(factors, _coefficients(rows, L, L_inv))
     if not velocity:
         return [(point, None) for point in points]
@@ -244,6 +254,26 @@ def squarings_at_speed(h: int, speed: float) -> tuple[int, int]:
     bounds = (max(2 * root * nu + sigma, root * sigma), root * nu)
     s_M, s_X = (min(expm_squarings(b), linalg.DEFERRED_SQUARINGS) for b in bounds)
     return s_M, s_X
+
+
+def _rows(
+    FtXi: Tensor, XitXi: Tensor, L_inv: Tensor, t: Tensor | float, speed: float | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``([Y₁ - X Y₂; Y₂], X, -W⊥ᵀW⊥)`` of :func:`inv_geodesic` from ``Fᵀξ``, ``ξᵀξ``, ``L⁻¹``,
+    the time and the speed bound (:func:`inv_geodesics`): the ``h × h`` part of the map."""
+    h = L_inv.shape[-1]
+    M, X, minus_S2, sigma = _generators(FtXi, XitXi, L_inv)
+    s_M, s_X = (None, None) if speed is None else squarings_at_speed(h, speed)
+
+    def times_t(A: Tensor) -> Tensor:
+        return A if isinstance(t, (int, float)) and t == 1 else t * A
+
+    E1, E2 = expm(times_t(M), s_M)[..., :h].split(h, -2)  # expm(t M_balanced)[:, :h]
+    E2 = E2 / sigma
+    E_X = expm(times_t(mT(X)), s_X)
+    # [Y₁ - X Y₂; Y₂] with Y = [E₁; E₂/σ] expm(tXᵀ)
+    rows = torch.cat([linalg.matmul_add(E1, X, E2, alpha=-1.0), E2], -2) @ E_X
+    return rows, X, minus_S2
 
 
 def _generators(FtXi: Tensor, XitXi: Tensor, L_inv: Tensor):
