@@ -292,8 +292,8 @@ class BasePoint:
                 view = part.view(self.x, self.dtype) if isinstance(part, Piece) else None
                 self._views[part] = view
             x = self._views[part]
-        if x is None:
-            x = part.read(self.x, self.dtype)
+            if x is None:
+                x = part.read(self.x, self.dtype)
         return part.space(x, self._factors.setdefault(part, {}))
 
 
