@@ -44,7 +44,8 @@ def blockwise(
     shape that the caller owns) and returns it. Memory traffic, not arithmetic, dominates
     here: when ``G`` and ``H`` have the same shape, ``[G; H]`` is viewed as a batch of
     ``2·heads`` factors and the result is a single batched product with the addition fused
-    in; otherwise the two row blocks are separate (strided) products.
+    in; otherwise the two row blocks are separate (strided) products, each written into its
+    rows of the output.
     """
     rows, h = u.shape[-2:]
     shapes = [u.shape[:-2], W_G.shape[:-2], W_H.shape[:-2]]
@@ -54,26 +55,36 @@ def blockwise(
     batch = shapes[0] if all(s == shapes[0] for s in shapes) else torch.broadcast_shapes(*shapes)
     u = u.expand(*batch, rows, h)
     W_G, W_H = W_G.expand(*batch, h, h), W_H.expand(*batch, h, h)
-    square = rows == 2 * n
-    if square:
+    if rows == 2 * n:
         W = torch.stack((W_G, W_H), dim=-3).reshape(-1, h, h)
         u = u.reshape(-1, n, h)
-    if add is None:
-        if square:
+        if add is None:
             return torch.bmm(u, W).view(*batch, rows, h)
-        return torch.cat((u[..., :n, :] @ W_G, u[..., n:, :] @ W_H), dim=-2)
-    if not into:
-        if square:
+        if not into:
             add = add.expand(*batch, rows, h).reshape(-1, n, h)
             return torch.baddbmm(add, u, W).view(*batch, rows, h)
-        add = add.expand(*batch, rows, h).clone(memory_format=torch.contiguous_format)
-    if square:
         add.view(-1, n, h).baddbmm_(u, W)
-    else:
-        flat, u = add.view(-1, rows, h), u.reshape(-1, rows, h)
-        flat[:, :n].baddbmm_(u[:, :n], W_G.reshape(-1, h, h))
-        flat[:, n:].baddbmm_(u[:, n:], W_H.reshape(-1, h, h))
+        return add
+    if add is None and _transformed(u, W_G, W_H):  # torch.func: no writes into a new tensor
+        return torch.cat((u[..., :n, :] @ W_G, u[..., n:, :] @ W_H), dim=-2)
+    # each product into its rows of one output; a new one is not read (``beta = 0``), where two
+    # products and their concatenation would write it twice
+    beta = 1.0 if add is not None else 0.0
+    if add is None:
+        add = torch.empty_like(u, memory_format=torch.contiguous_format)
+    elif not into:
+        add = add.expand(*batch, rows, h).clone(memory_format=torch.contiguous_format)
+    flat, u = add.view(-1, rows, h), u.reshape(-1, rows, h)
+    flat[:, :n].baddbmm_(u[:, :n], W_G.reshape(-1, h, h), beta=beta)
+    flat[:, n:].baddbmm_(u[:, n:], W_H.reshape(-1, h, h), beta=beta)
     return add
+
+
+def _transformed(*tensors: Tensor) -> bool:
+    """Whether any of ``tensors`` is traced by a ``torch.func`` transform (``vmap``, ``jacrev``,
+    ``jacfwd``), whose batching has no rule for writing into a tensor made inside it."""
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor  # pyright: ignore[reportAttributeAccessIssue]
+    return any(wrapped(t) for t in tensors)
 
 
 def factor_products(n: int, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
