@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 import torch
+from torch.autograd import forward_ad
 
 Tensor = torch.Tensor
 # public (documented as torch.linalg.LinAlgError) but missing from the module's __all__
@@ -297,7 +298,10 @@ def expm(A: Tensor, squarings: int | None = None) -> Tensor:
 
     Differentiable through matrix products: for many small matrices of modest norm this is
     several times cheaper than :func:`torch.linalg.matrix_exp`, most of all in the backward
-    pass (which that function takes as the exponential of a matrix of twice the size).
+    pass (which that function takes as the exponential of a matrix of twice the size). In
+    reverse mode the polynomial has a backward pass of its own, its sums of products
+    accumulated in place (once: no second derivative); ``torch.func`` transforms and
+    forward-mode AD differentiate through its products.
     """
     if A.shape[-1] == 0:
         return A.clone()
@@ -359,6 +363,75 @@ def one_norms(A: Tensor) -> Tensor:
     return torch.linalg.vector_norm(A.detach(), 1, -2).amax(-1)
 
 
+def transformed(*tensors: Tensor) -> bool:
+    """Whether any of ``tensors`` is traced by a ``torch.func`` transform (``vmap``, ``jvp``,
+    ``jacrev``, ...), whose batching has no rule for writing into a tensor made inside it or
+    for a custom autograd function without one."""
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor  # pyright: ignore[reportAttributeAccessIssue]
+    return any(wrapped(t) for t in tensors)
+
+
+def _taylor(B: Tensor) -> Tensor:
+    """``p(B)``, the Taylor polynomial of degree 12 of the exponential, by Paterson–Stockmeyer:
+    ``q_j = c₄ⱼ I + c₄ⱼ₊₁ B + c₄ⱼ₊₂ B² + c₄ⱼ₊₃ B³`` (``j = 0, 1, 2``; ``q₂`` also
+    ``+ B⁴/12!``) in one contraction of the stacked powers, ``p = q₀ + B⁴ (q₁ + B⁴ q₂)``.
+    Differentiable by any transform (autograd through its products)."""
+    eye = identity(B.shape[-1], B).expand_as(B)
+    B2 = B @ B
+    B3 = B2 @ B
+    B4 = B2 @ B2
+    powers = torch.stack([eye, B, B2, B3, B4])
+    q = torch.tensordot(constant(_TAYLOR_COEFFICIENTS, B), powers, 1)
+    q0, q1, E = q.unbind(0)  # its backward is one stack, where indexing's is one op each
+    return matmul_add(q0, B4, matmul_add(q1, B4, E))
+
+
+class _TaylorPolynomial(torch.autograd.Function):
+    """:func:`_taylor` with the powers written into one tensor as they are formed (no stack of
+    copies), and a backward pass whose sums of products are accumulated by ``baddbmm_`` into
+    the gradients of the powers (autograd's adds each product to a separate tensor). With
+    ``p = q₀ + B⁴ r``, ``r = q₁ + B⁴ q₂`` and ``Ḡ`` the gradient of ``p``:
+    ``r̄ = B⁴ᵀ Ḡ``, ``q̄₂ = B⁴ᵀ r̄``, the powers' gradients ``P̄ᵢ = Σⱼ cⱼᵢ q̄ⱼ``
+    (``q̄ = (Ḡ, r̄, q̄₂)``) plus ``B̄⁴ += Ḡ rᵀ + r̄ q₂ᵀ``, then ``B̄² += B̄⁴ B²ᵀ + B²ᵀ B̄⁴ + B̄³ Bᵀ``
+    and ``B̄ += B²ᵀ B̄³ + B̄² Bᵀ + Bᵀ B̄²``. Not differentiable twice."""
+
+    @staticmethod
+    def forward(ctx, B: Tensor) -> Tensor:  # pyright: ignore[reportIncompatibleMethodOverride]
+        n = B.shape[-1]
+        powers = B.new_empty((4, *B.shape))  # B, B², B³, B⁴
+        powers[0].copy_(B)
+        flat = powers.view(4, -1, n, n)
+        torch.bmm(flat[0], flat[0], out=flat[1])
+        torch.bmm(flat[1], flat[0], out=flat[2])
+        torch.bmm(flat[1], flat[1], out=flat[3])
+        c = constant(_TAYLOR_COEFFICIENTS, B)
+        q = torch.tensordot(c[:, 1:], powers, 1)
+        q.diagonal(dim1=-2, dim2=-1).add_(c[:, :1].view(3, *[1] * (B.dim() - 1)))  # + c₄ⱼ I
+        q0, q1, q2 = q.unbind(0)
+        r = matmul_add(q1, powers[3], q2)
+        ctx.save_for_backward(powers, q2, r)
+        return matmul_add(q0, powers[3], r)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> Tensor:  # pyright: ignore[reportIncompatibleMethodOverride]
+        powers, q2, r = ctx.saved_tensors
+        n = grad.shape[-1]
+        B, B2, B4 = (powers[i].view(-1, n, n) for i in (0, 1, 3))
+        q2, r = q2.reshape(-1, n, n), r.reshape(-1, n, n)
+        q_bars = grad.new_empty((3, *B.shape))  # Ḡ, r̄, q̄₂
+        G, r_bar, q2_bar = q_bars.unbind(0)
+        G.copy_(grad.reshape(-1, n, n))
+        torch.bmm(B4.mT, G, out=r_bar)
+        torch.bmm(B4.mT, r_bar, out=q2_bar)
+        coefficients = constant(_TAYLOR_COEFFICIENTS, grad)[:, 1:].mT  # (4, 3): i = 1..4
+        B_bar, B2_bar, B3_bar, B4_bar = torch.tensordot(coefficients, q_bars, 1).unbind(0)
+        B4_bar.baddbmm_(G, r.mT).baddbmm_(r_bar, q2.mT)
+        B2_bar.baddbmm_(B4_bar, B2.mT).baddbmm_(B2.mT, B4_bar).baddbmm_(B3_bar, B.mT)
+        B_bar.baddbmm_(B2.mT, B3_bar).baddbmm_(B2_bar, B.mT).baddbmm_(B.mT, B2_bar)
+        return B_bar.view(powers.shape[1:])
+
+
 def _expm(A: Tensor, bound: int) -> tuple[Tensor, Tensor]:
     """:func:`expm` with ``S = bound`` squarings, and where a matrix needs at most ``S`` (and
     is finite; the others come out ``NaN``)."""
@@ -372,16 +445,10 @@ def _expm(A: Tensor, bound: int) -> tuple[Tensor, Tensor]:
         s = torch.where(held, (norm / _TAYLOR_THETA).log2().ceil().clamp(0, bound), nan)
         B = A * torch.exp2(-s)
     eye = identity(A.shape[-1], A).expand_as(A)
-    B2 = B @ B
-    B3 = B2 @ B
-    B4 = B2 @ B2
-    # q_j = c₄ⱼ I + c₄ⱼ₊₁ B + c₄ⱼ₊₂ B² + c₄ⱼ₊₃ B³ for j = 0, 1, 2, and q₂ + B⁴/12!: one
-    # contraction of the powers
-    powers = torch.stack([eye, B, B2, B3, B4])
-    q = torch.tensordot(constant(_TAYLOR_COEFFICIENTS, A), powers, 1)
-    q0, q1, E = q.unbind(0)  # its backward is one stack, where indexing's is one op each
-    E = matmul_add(q1, B4, E)
-    E = matmul_add(q0, B4, E)
+    if transformed(B) or forward_ad.unpack_dual(B).tangent is not None:
+        E = _taylor(B)
+    else:
+        E = _TaylorPolynomial.apply(B)
     if bound:
         square = s > torch.arange(bound, dtype=s.dtype, device=s.device)  # (..., 1, S)
         # E ← E · (E or I): the same values as where(square, E E, E) (a product with I is

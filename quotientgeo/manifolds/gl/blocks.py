@@ -9,6 +9,8 @@ from typing import NamedTuple
 
 import torch
 
+from ...linalg import transformed
+
 Tensor = torch.Tensor
 
 __all__ = ["Coefficients", "FactorCoefficients", "Products", "blockwise", "factor_products"]
@@ -65,7 +67,7 @@ def blockwise(
             return torch.baddbmm(add, u, W).view(*batch, rows, h)
         add.view(-1, n, h).baddbmm_(u, W)
         return add
-    if add is None and _transformed(u, W_G, W_H):  # torch.func: no writes into a new tensor
+    if add is None and transformed(u, W_G, W_H):  # torch.func: no writes into a new tensor
         return torch.cat((u[..., :n, :] @ W_G, u[..., n:, :] @ W_H), dim=-2)
     # each product into its rows of one output; a new one is not read (``beta = 0``), where two
     # products and their concatenation would write it twice
@@ -78,13 +80,6 @@ def blockwise(
     flat[:, :n].baddbmm_(u[:, :n], W_G.reshape(-1, h, h), beta=beta)
     flat[:, n:].baddbmm_(u[:, n:], W_H.reshape(-1, h, h), beta=beta)
     return add
-
-
-def _transformed(*tensors: Tensor) -> bool:
-    """Whether any of ``tensors`` is traced by a ``torch.func`` transform (``vmap``, ``jacrev``,
-    ``jacfwd``), whose batching has no rule for writing into a tensor made inside it."""
-    wrapped = torch._C._functorch.is_functorch_wrapped_tensor  # pyright: ignore[reportAttributeAccessIssue]
-    return any(wrapped(t) for t in tensors)
 
 
 def factor_products(n: int, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
