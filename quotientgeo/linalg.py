@@ -444,12 +444,13 @@ def _expm(A: Tensor, bound: int) -> tuple[Tensor, Tensor]:
         # sᵢ, and NaN where it fails: the matrix's scaling, so its result, is then NaN
         s = torch.where(held, (norm / _TAYLOR_THETA).log2().ceil().clamp(0, bound), nan)
         B = A * torch.exp2(-s)
-    eye = identity(A.shape[-1], A).expand_as(A)
+    # the custom backward pass has no forward-mode or torch.func rule: those trace the products
     if transformed(B) or forward_ad.unpack_dual(B).tangent is not None:
         E = _taylor(B)
     else:
         E = _TaylorPolynomial.apply(B)
     if bound:
+        eye = identity(A.shape[-1], A).expand_as(A)
         square = s > torch.arange(bound, dtype=s.dtype, device=s.device)  # (..., 1, S)
         # E ← E · (E or I): the same values as where(square, E E, E) (a product with I is
         # exact), and a backward pass with one where and no zeros for the identity's branch
