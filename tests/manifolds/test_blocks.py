@@ -1,7 +1,8 @@
 """``blockwise``: the block-wise right multiplication ``(u_G W_G, u_H W_H) (+ add)`` of GL
 points against one concatenation of the two products, for square (``G`` and ``H`` of as many
 rows) and non-square points, with and without ``add``, in place or not, with broadcast
-weights, and under ``torch.func``."""
+weights, and under ``torch.func``; a non-square point's products both written into the rows of
+one output (an accelerator's path, forced here) and concatenated (the CPU's)."""
 
 import functools
 
@@ -10,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quotientgeo.manifolds.gl import blocks
 from quotientgeo.manifolds.gl.blocks import blockwise
 
 SHAPES = st.tuples(
@@ -44,12 +46,14 @@ def _nan_like(t, **kwargs):
     return torch.full_like(t, float("nan"), **kwargs)
 
 
+@pytest.mark.parametrize("in_rows", [True, False], ids=["rows-in-place", "concatenated"])
 @settings(max_examples=60, deadline=None)
-@given(SHAPES)
-def test_blockwise_equals_the_concatenated_products(shape):
+@given(shape=SHAPES)
+def test_blockwise_equals_the_concatenated_products(in_rows, shape):
     n, u, W_G, W_H, add = _draw(shape)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch, "empty_like", _nan_like)
+        patch.setattr(blocks, "_rows_written_in_place", lambda *tensors: in_rows)
         plain = blockwise(n, u, W_G, W_H)
         added = blockwise(n, u, W_G, W_H, add)
         target = add.clone()

@@ -46,8 +46,9 @@ def blockwise(
     shape that the caller owns) and returns it. Memory traffic, not arithmetic, dominates
     here: when ``G`` and ``H`` have the same shape, ``[G; H]`` is viewed as a batch of
     ``2·heads`` factors and the result is a single batched product with the addition fused
-    in; otherwise the two row blocks are separate (strided) products, each written into its
-    rows of the output.
+    in; otherwise the two row blocks are separate products: on an accelerator each written
+    into its rows of the output (a strided batched product), on the CPU into a tensor of its
+    own, the two concatenated (or added to ``add``'s rows).
     """
     rows, h = u.shape[-2:]
     shapes = [u.shape[:-2], W_G.shape[:-2], W_H.shape[:-2]]
@@ -67,8 +68,18 @@ def blockwise(
             return torch.baddbmm(add, u, W).view(*batch, rows, h)
         add.view(-1, n, h).baddbmm_(u, W)
         return add
-    if add is None and transformed(u, W_G, W_H):  # torch.func: no writes into a new tensor
-        return torch.cat((u[..., :n, :] @ W_G, u[..., n:, :] @ W_H), dim=-2)
+    if not _rows_written_in_place(u, W_G, W_H):
+        uG, uH = u[..., :n, :], u[..., n:, :]
+        if add is None:
+            return torch.cat((uG @ W_G, uH @ W_H), dim=-2)
+        if into:
+            add[..., :n, :].add_(uG @ W_G)
+            add[..., n:, :].add_(uH @ W_H)
+            return add
+        add = add.expand(*batch, rows, h)
+        return torch.cat(
+            (_baddbmm(add[..., :n, :], uG, W_G), _baddbmm(add[..., n:, :], uH, W_H)), -2
+        )
     # each product into its rows of one output; a new one is not read (``beta = 0``), where two
     # products and their concatenation would write it twice
     beta = 1.0 if add is not None else 0.0
@@ -80,6 +91,25 @@ def blockwise(
     flat[:, :n].baddbmm_(u[:, :n], W_G.reshape(-1, h, h), beta=beta)
     flat[:, n:].baddbmm_(u[:, n:], W_H.reshape(-1, h, h), beta=beta)
     return add
+
+
+def _rows_written_in_place(*tensors: Tensor) -> bool:
+    """Whether :func:`blockwise` writes a non-square point's two products into the rows of one
+    output (strided batched products): on an accelerator, whose batched products take any
+    batch stride. Not on the CPU, where ATen writes a strided output one dispatched matrix
+    product at a time (two to four times slower than into a new tensor and a concatenation),
+    nor under ``torch.func``, which has no batching rule for writes into a tensor made inside
+    the transform."""
+    return tensors[0].device.type != "cpu" and not transformed(*tensors)
+
+
+def _baddbmm(c: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    """``c + a b`` of batches of matrices with the same leading dimensions, in a new tensor."""
+    batch, k = a.shape[:-2], a.shape[-1]
+    out = torch.baddbmm(
+        c.reshape(-1, *c.shape[-2:]), a.reshape(-1, *a.shape[-2:]), b.reshape(-1, k, b.shape[-1])
+    )
+    return out.view(*batch, *out.shape[-2:])
 
 
 def factor_products(n: int, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
