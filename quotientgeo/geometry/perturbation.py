@@ -215,16 +215,34 @@ class PerturbationSpace:
 
     def gradient_row(self, rows: Tensor) -> tuple[Tensor, Tensor]:
         """``(g, r)``: :meth:`gradient_gram`'s ``g`` with only the last column of its ``K``,
-        ``r = (<ξ, g>, <ξ_prev, g>, <g, g>)`` in the ball's metric (:meth:`stacked_row`). For a
-        piece of the adaptive rest ``<v, ŵ² ∇> = Σ v ∇`` in the metric ``1/ŵ²``: the products
-        are taken with ``∇`` (``rows[2]``, kept), ``g = ŵ² ∇`` is a new tensor, and the metric
-        is not applied at all; any other part's ``g`` replaces ``rows[2]``."""
+        ``r = (<ξ, g>, <ξ_prev, g>, <g, g>)`` in the ball's metric, for horizontal ``ξ`` and
+        ``ξ_prev`` (iterates kept in the compute dtype).
+
+        Where the ball's metric is the manifold's ``M``, the metric cancels: with
+        ``d = J(ξ)ᵀ ∇`` and ``Π`` the ``M``-orthogonal projection onto the horizontal space,
+        ``g = Π M⁻¹ d``, so ``<v, g>_M = <v, M⁻¹ d>_M = <v, d>`` for every horizontal ``v``, ``g``
+        included: ``r`` is the Euclidean products with ``d``, and no metric is applied (for a
+        piece of the adaptive rest, ``<v, ŵ² ∇> = Σ v ∇`` in the metric ``1/ŵ²``). ``g``
+        replaces ``rows[2]``, except where the map is ``x + ξ`` (``d = ∇``, kept in ``rows[2]``
+        for the products): there ``g`` is a new tensor. In another ball's metric the metric is
+        applied to ``g`` alone (:meth:`stacked_row`)."""
         xi, _, d = rows.unbind(0)
-        if not self.adaptive_rest:
+        if self.ball is not self.manifold:
             d.copy_(self.rgrad(self.pullback(xi, d)))
             return d, self.stacked_row(rows)
-        g = d * self.ball.scale_squared(self.point)
-        return g, _products_with_gradient(rows.reshape(3, -1), g.reshape(-1))
+        pulled = self.pullback(xi, d)
+        if pulled is d:  # a straight move: ∇ stays in rows[2]
+            g = d * self.ball.scale_squared(self.point) if self.adaptive_rest else self.rgrad(d)
+            return g, _products_with_gradient(rows.reshape(3, -1), g.reshape(-1))
+        d.copy_(self.rgrad(pulled))
+        return d, rows.reshape(3, -1) @ pulled.reshape(-1)
+
+    def gradient_sqnorm(self, g: Tensor, d: Tensor) -> Tensor:
+        """``||g||²`` in the ball's metric of ``g = rgrad(d)``: ``<g, d>`` where the ball's
+        metric is the manifold's (:meth:`gradient_row`), else :meth:`sqnorm`."""
+        if self.ball is not self.manifold:
+            return self.sqnorm(g)
+        return g.reshape(-1) @ d.reshape(-1)
 
     def random(self, e: Tensor) -> Tensor:
         """The horizontal direction of the standard Gaussian draw ``e`` (of the point's shape):
@@ -847,8 +865,10 @@ class Perturbations:
 
 
 def _products_with_gradient(rows: Tensor, g: Tensor) -> Tensor:
-    """``(Σ ξ ∇, Σ ξ_prev ∇, Σ g ∇)`` of ``rows = [ξ, ξ_prev, ∇]`` (``(3, n)``) and ``g = ŵ² ∇``:
-    the last column of the Gram matrix of ``(ξ, ξ_prev, g)`` in the metric ``1/ŵ²``."""
+    """``(Σ ξ ∇, Σ ξ_prev ∇, Σ g ∇)`` of ``rows = [ξ, ξ_prev, ∇]`` (``(3, n)``) and ``g =
+    rgrad(∇)`` (``ŵ² ∇`` for the adaptive rest): the last column of the Gram matrix of
+    ``(ξ, ξ_prev, g)`` in the metric of ``rgrad``, for horizontal ``ξ`` and ``ξ_prev``
+    (:meth:`PerturbationSpace.gradient_row`)."""
     return torch.cat((rows[:2] @ rows[2], (g @ rows[2]).unsqueeze(0)))
 
 

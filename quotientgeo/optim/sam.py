@@ -190,9 +190,9 @@ class GeodesicSAM(torch.optim.Optimizer):
             sums, kept, held = Sums(space), {}, 0
             with deferred_checks():  # the factorisations checked in one host read
                 for chunk in space.all_chunks():
-                    s = base.space(chunk, chunk.read(weights, dtype))
-                    g = s.rgrad(chunk.read(grads, dtype))
-                    sums.add(chunk, s.sqnorm(g))
+                    s, d = base.space(chunk, chunk.read(weights, dtype)), chunk.read(grads, dtype)
+                    g = s.rgrad(d)
+                    sums.add(chunk, s.gradient_sqnorm(g, d))
                     size = g.numel() * g.element_size()
                     if held + 2 * size <= budget:
                         kept[id(chunk)], held = (s, g), held + 2 * size

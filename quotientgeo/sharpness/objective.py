@@ -77,8 +77,11 @@ over the parameters gives their Gram matrix ``K`` in the ball's metric, and Auto
 iterates' own products then follow from ``K`` and ``c``: ``<ξ_{k+1}, ξ_{k+1}> = cᵀ K c``,
 ``<ξ_{k+1}, ξ_k> = (K c)₀``, ``<ξ_k, ξ_k> = K₀₀`` (after a restart both iterates are the best
 one, whose square norm was known when it was kept), so the next pass takes only the products
-with the new gradient: for the adaptive rest ``Σ ξ ∇``, ``Σ ξ' ∇`` and ``Σ ŵ² ∇²`` (the
-metric ``1/ŵ²`` and ``g = ŵ² ∇`` cancel), for a chunk the metric applied to ``g`` alone. Only
+with the new gradient, and in the ball's own metric ``M`` without applying it: ``g = Π M⁻¹ d``
+is the ``M``-orthogonal projection onto the horizontal space of ``M⁻¹ d``, ``d = J(ξ)ᵀ ∇`` the
+gradient with respect to ``ξ``, so ``<v, g>_M = <v, d>`` for the horizontal iterates and ``g``
+itself (for the adaptive rest ``Σ ξ ∇``, ``Σ ξ' ∇`` and ``Σ ŵ² ∇²``); in another ball's metric
+a chunk's metric is applied to ``g`` alone. Only
 the first iteration's pass is whole, and every pass where the parameters are in a lower
 precision than the compute dtype: the iterates stored there are the combination rounded.
 """
@@ -465,14 +468,13 @@ class Objective:
                     xi = self._xi_entries(part)
                     sums.add(part, part.gradient_gram_(s, xi, self.previous, grads, row=row))
                     continue
-                # a chunk (ξ_k is held): ξ_k, ξ_{k-1} and g read into the rows of one tensor
+                # a chunk (ξ_k is held): ξ_k, ξ_{k-1} and ∇ read into the rows of one tensor
                 rows = s.point.x.new_empty((3, *s.point.x.shape))
-                xi, prev, g = rows.unbind(0)
-                part.read(self.current, self.dtype, out=xi)
-                part.read(self.previous, self.dtype, out=prev)
-                g.copy_(s.rgrad(s.pullback(xi, part.read(grads, self.dtype))))
+                for out, source in zip(rows, (self.current, self.previous, grads), strict=True):
+                    part.read(source, self.dtype, out=out)
+                g, products = s.gradient_row(rows) if row else s.gradient_gram(rows)
                 part.write_(grads, g)
-                sums.add(part, s.stacked_row(rows) if row else s.stacked_gram(rows))
+                sums.add(part, products)
         if block is None:
             self._gram = mirror_upper(sums.total())  # the parts' products, mirrored once
             if self._best is Best.CURRENT and self._best_sqnorm is None:

@@ -165,19 +165,27 @@ def test_half_precision_parameters():
     check_pieces(space, 1, 0.0, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("metric", "move"), [("mix", "second_order"), ("inv", "exact")])
-def test_chunk_gradient_gram_is_rgrad_and_gram(metric, move):
+@pytest.mark.parametrize("norm", ["riemannian", "adaptive"])
+@pytest.mark.parametrize(
+    ("metric", "move"),
+    [("mix", "second_order"), ("inv", "exact"), ("inv", "second_order"), ("mix", "first_order")],
+)
+def test_chunk_gradient_gram_is_rgrad_and_gram(metric, move, norm):
     """The generic path (a chunk of symmetry blocks): ``g = rgrad(J(ξ)ᵀ ∇)`` and
-    :meth:`~PerturbationSpace.gram` of ``(ξ, ξ_prev, g)``."""
+    :meth:`~PerturbationSpace.gram` of ``(ξ, ξ_prev, g)``, for horizontal iterates (as the
+    maximiser's are); the last column alone (``gradient_row``) in the manifold's own metric
+    without applying it (``<v, g> = <v, J(ξ)ᵀ ∇>``), in the adaptive one with it."""
     torch.manual_seed(2)
     model = TinyTransformerClassifier(d=12, heads=3, layers=2, classes=3).to(DT)
-    space = pt.Perturbations(find_symmetries(model, metric=metric), move)
+    space = pt.Perturbations(find_symmetries(model, metric=metric), move, norm)
     gen = torch.Generator().manual_seed(3)
     x0, xi = random_like(space, gen), random_like(space, gen)
     prev, grads = random_like(space, gen), random_like(space, gen)
     for chunk in space.all_chunks():
         s = chunk.space(chunk.read(x0, DT))
-        vs = [0.01 * chunk.read(t, DT) for t in (xi, prev)] + [chunk.read(grads, DT)]
+        assert (s.ball is s.manifold) == (norm == "riemannian")
+        vs = [s.manifold.proju(s.point, 0.01 * chunk.read(t, DT)) for t in (xi, prev)]
+        vs.append(chunk.read(grads, DT))
         g, gram = s.gradient_gram(torch.stack(vs))
         expected_g = s.rgrad(s.pullback(vs[0], vs[2]))
         torch.testing.assert_close(g, expected_g, rtol=1e-12, atol=1e-14)
@@ -186,6 +194,8 @@ def test_chunk_gradient_gram_is_rgrad_and_gram(metric, move):
         g, row = s.gradient_row(torch.stack(vs))
         torch.testing.assert_close(g, expected_g, rtol=1e-12, atol=1e-14)
         torch.testing.assert_close(row, expected[:, 2], rtol=1e-12, atol=1e-14)
+        norm_g = s.gradient_sqnorm(expected_g, s.pullback(vs[0], vs[2]))
+        torch.testing.assert_close(norm_g, expected[2, 2], rtol=1e-12, atol=1e-14)
 
 
 @given(
