@@ -150,14 +150,14 @@ def deferred_checks() -> Iterator[None]:
 
 
 def cholesky_inverse(L: Tensor) -> Tensor:
-    """``(L Lᵀ)⁻¹`` from a lower Cholesky factor.
-
-    Not ``torch.cholesky_inverse``, whose forward-mode AD is wrong (the generic path
-    differentiates through this with ``torch.func.jvp``); the identity is materialised because
-    forward-mode AD of a broadcast one is wrong too.
-    """
-    eye = identity(L.shape[-1], L).expand_as(L).contiguous()  # one copy of the cached identity
-    return torch.cholesky_solve(eye, L)
+    """``(L Lᵀ)⁻¹`` from a lower Cholesky factor: ``torch.cholesky_inverse``, except under a
+    ``torch.func`` transform or forward-mode AD (the generic path differentiates through this
+    with ``torch.func.jvp``), where its tangent is wrong: there ``cholesky_solve`` of the
+    identity, materialised because forward-mode AD of a broadcast one is wrong too."""
+    if transformed(L) or forward_ad.unpack_dual(L).tangent is not None:
+        eye = identity(L.shape[-1], L).expand_as(L).contiguous()  # a copy of the cached identity
+        return torch.cholesky_solve(eye, L)
+    return torch.cholesky_inverse(L)
 
 
 class SylvesterBasis(NamedTuple):
@@ -330,7 +330,7 @@ def identity(n: int, like: Tensor) -> Tensor:
 
 @functools.cache
 def _identity(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    with torch.inference_mode(False):  # so that autograd may save it
+    with _plain():
         return torch.eye(n, dtype=dtype, device=device)
 
 
@@ -343,8 +343,17 @@ def constant(values: float | tuple, like: Tensor) -> Tensor:
 
 @functools.cache
 def _constant(values: float | tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
-    with torch.inference_mode(False):
+    with _plain():
         return torch.tensor(values, dtype=dtype, device=device)
+
+
+@contextlib.contextmanager
+def _plain() -> Iterator[None]:
+    """Tensors made here are plain, whatever the caller runs under: outside inference mode (so
+    that autograd may save them) and not wrapped by a ``torch.func`` transform (``jvp`` and
+    ``grad`` wrap new tensors: a cached one would outlive its transform)."""
+    with torch.inference_mode(False), torch._C._DisableFuncTorch():  # pyright: ignore[reportAttributeAccessIssue]
+        yield
 
 
 #: ``c[j, i] = 1 / (4j + i)!`` (``3 × 5``, ``i ≤ 3``, and ``c[2, 4] = 1 / 12!``): the Taylor

@@ -471,3 +471,64 @@ def test_expm_first_called_in_inference_mode_still_differentiates():
     Y = A.clone().requires_grad_()
     (torch.linalg.matrix_exp(Y) ** 2).sum().backward()
     torch.testing.assert_close(X.grad, Y.grad, rtol=1e-12, atol=1e-12)
+
+
+@given(
+    batch=st.sampled_from(BATCHES),
+    h=st.integers(1, 6),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_cholesky_inverse_and_its_derivatives_are_those_of_the_inverse(batch, h, seed):
+    """``(L Lᵀ)⁻¹`` and its tangents against ``torch.linalg.inv(L Lᵀ)``'s, in reverse mode,
+    under ``torch.func.jvp`` and with forward-mode AD (where ``torch.cholesky_inverse``'s own
+    tangent is wrong, and the helper takes another path)."""
+    g = gen(seed)
+    A = torch.randn(*batch, h, 2 * h, generator=g, dtype=torch.float64)
+    L = torch.linalg.cholesky(A @ A.mT + 0.1 * torch.eye(h, dtype=torch.float64))
+    tangent = torch.randn(L.shape, generator=g, dtype=torch.float64).tril()
+
+    def inverse(L):
+        return torch.linalg.inv(L @ L.mT)
+
+    torch.testing.assert_close(linalg.cholesky_inverse(L), inverse(L), rtol=1e-9, atol=1e-12)
+    expected = torch.func.jvp(inverse, (L,), (tangent,))[1]
+    jvp = torch.func.jvp(linalg.cholesky_inverse, (L,), (tangent,))[1]
+    torch.testing.assert_close(jvp, expected, rtol=1e-9, atol=1e-12)
+    with torch.autograd.forward_ad.dual_level():
+        dual = linalg.cholesky_inverse(torch.autograd.forward_ad.make_dual(L, tangent))
+        forward = torch.autograd.forward_ad.unpack_dual(dual).tangent
+    torch.testing.assert_close(forward, expected, rtol=1e-9, atol=1e-12)
+    cotangent = torch.randn(L.shape, generator=g, dtype=torch.float64)
+    grads = [
+        torch.autograd.grad(f(leaf.tril()), leaf, cotangent)[0]  # reverse mode, no transform
+        for f, leaf in ((linalg.cholesky_inverse, L.clone().requires_grad_(True)),
+                        (inverse, L.clone().requires_grad_(True)))
+    ]  # fmt: skip
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("transform", ["jvp", "grad", "vmap"])
+def test_cached_identities_and_constants_are_plain_tensors(transform):
+    """``identity`` and ``constant`` first made inside a ``torch.func`` transform are cached as
+    plain tensors, not as the transform's wrappers (which would outlive it)."""
+    size = {"jvp": 17, "grad": 18, "vmap": 19}[transform]  # sizes no other test makes
+    made = {}
+
+    def f(x):
+        made["eye"] = linalg.identity(size, x)
+        made["constant"] = linalg.constant((float(size), 0.5), x)
+        return (x * made["constant"][1]).sum()
+
+    x = torch.ones(2, dtype=torch.float64)
+    if transform == "jvp":
+        torch.func.jvp(f, (x,), (x,))
+    elif transform == "grad":
+        torch.func.grad(f)(x)
+    else:
+        torch.func.vmap(f)(x[None].expand(3, 2))
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    for t in (made["eye"], made["constant"]):
+        assert not wrapped(t)
+        assert t.untyped_storage().nbytes() > 0  # readable outside the transform
+    assert linalg.identity(size, x) is made["eye"]
+    assert torch.equal(made["eye"], torch.eye(size, dtype=torch.float64))

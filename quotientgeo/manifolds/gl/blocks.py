@@ -97,7 +97,7 @@ def _rows_written_in_place(*tensors: Tensor) -> bool:
     """Whether :func:`blockwise` writes a non-square point's two products into the rows of one
     output (strided batched products): on an accelerator, whose batched products take any
     batch stride. Not on the CPU, where ATen writes a strided output one dispatched matrix
-    product at a time (two to four times slower than into a new tensor and a concatenation),
+    product at a time (up to four times slower than into new tensors and a concatenation),
     nor under ``torch.func``, which has no batching rule for writes into a tensor made inside
     the transform."""
     return tensors[0].device.type != "cpu" and not transformed(*tensors)
