@@ -81,9 +81,9 @@ with the new gradient, and in the ball's own metric ``M`` without applying it: `
 is the ``M``-orthogonal projection onto the horizontal space of ``M⁻¹ d``, ``d = J(ξ)ᵀ ∇`` the
 gradient with respect to ``ξ``, so ``<v, g>_M = <v, d>`` for the horizontal iterates and ``g``
 itself (for the adaptive rest ``Σ ξ ∇``, ``Σ ξ' ∇`` and ``Σ ŵ² ∇²``); in another ball's metric
-a chunk's metric is applied to ``g`` alone. Only
-the first iteration's pass is whole, and every pass where the parameters are in a lower
-precision than the compute dtype: the iterates stored there are the combination rounded.
+a chunk's metric is applied to ``g`` alone. Only the first iteration's pass is whole, and
+every pass where the parameters are in a lower precision than the compute dtype: the iterates
+stored there are the combination rounded (and not exactly horizontal).
 """
 
 from __future__ import annotations
