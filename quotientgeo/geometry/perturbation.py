@@ -222,7 +222,9 @@ class PerturbationSpace:
         ``d = J(ξ)ᵀ ∇`` and ``Π`` the ``M``-orthogonal projection onto the horizontal space,
         ``g = Π M⁻¹ d``, so ``<v, g>_M = <v, M⁻¹ d>_M = <v, d>`` for every horizontal ``v``, ``g``
         included: ``r`` is the Euclidean products with ``d``, and no metric is applied (for a
-        piece of the adaptive rest, ``<v, ŵ² ∇> = Σ v ∇`` in the metric ``1/ŵ²``). ``g``
+        piece of the adaptive rest, ``<v, ŵ² ∇> = Σ v ∇`` in the metric ``1/ŵ²``), to the
+        accuracy of the horizontal projection (rounding for closed forms; the conjugate
+        gradients' tolerance for a generic quotient's large group). ``g``
         replaces ``rows[2]``, except where the map is ``x + ξ`` (``d = ∇``, kept in ``rows[2]``
         for the products): there ``g`` is a new tensor. In another ball's metric the metric is
         applied to ``g`` alone (:meth:`stacked_row`)."""
