@@ -154,7 +154,7 @@ def cholesky_inverse(L: Tensor) -> Tensor:
     ``torch.func`` transform or forward-mode AD (the generic path differentiates through this
     with ``torch.func.jvp``), where its tangent is wrong: there ``cholesky_solve`` of the
     identity, materialised because forward-mode AD of a broadcast one is wrong too."""
-    if transformed(L) or forward_ad.unpack_dual(L).tangent is not None:
+    if _differentiated_forward(L):
         eye = identity(L.shape[-1], L).expand_as(L).contiguous()  # a copy of the cached identity
         return torch.cholesky_solve(eye, L)
     return torch.cholesky_inverse(L)
@@ -380,6 +380,12 @@ def transformed(*tensors: Tensor) -> bool:
     return any(wrapped(t) for t in tensors)
 
 
+def _differentiated_forward(t: Tensor) -> bool:
+    """Whether ``t`` is traced by a ``torch.func`` transform (:func:`transformed`) or carries a
+    forward-mode AD tangent: where an operator without a correct forward rule may not run."""
+    return transformed(t) or forward_ad.unpack_dual(t).tangent is not None
+
+
 def _taylor(B: Tensor) -> Tensor:
     """``p(B)``, the Taylor polynomial of degree 12 of the exponential, by Paterson–Stockmeyer:
     ``q_j = c₄ⱼ I + c₄ⱼ₊₁ B + c₄ⱼ₊₂ B² + c₄ⱼ₊₃ B³`` (``j = 0, 1, 2``; ``q₂`` also
@@ -454,7 +460,7 @@ def _expm(A: Tensor, bound: int) -> tuple[Tensor, Tensor]:
         s = torch.where(held, (norm / _TAYLOR_THETA).log2().ceil().clamp(0, bound), nan)
         B = A * torch.exp2(-s)
     # the custom backward pass has no forward-mode or torch.func rule: those trace the products
-    if transformed(B) or forward_ad.unpack_dual(B).tangent is not None:
+    if _differentiated_forward(B):
         E = _taylor(B)
     else:
         E = _TaylorPolynomial.apply(B)

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import torch
 
-from ...linalg import transformed
+from ...linalg import matmul_add, transformed
 
 Tensor = torch.Tensor
 
@@ -78,7 +78,7 @@ def blockwise(
             return add
         add = add.expand(*batch, rows, h)
         return torch.cat(
-            (_baddbmm(add[..., :n, :], uG, W_G), _baddbmm(add[..., n:, :], uH, W_H)), -2
+            (matmul_add(add[..., :n, :], uG, W_G), matmul_add(add[..., n:, :], uH, W_H)), -2
         )
     # each product into its rows of one output; a new one is not read (``beta = 0``), where two
     # products and their concatenation would write it twice
@@ -101,15 +101,6 @@ def _rows_written_in_place(*tensors: Tensor) -> bool:
     nor under ``torch.func``, which has no batching rule for writes into a tensor made inside
     the transform."""
     return tensors[0].device.type != "cpu" and not transformed(*tensors)
-
-
-def _baddbmm(c: Tensor, a: Tensor, b: Tensor) -> Tensor:
-    """``c + a b`` of batches of matrices with the same leading dimensions, in a new tensor."""
-    batch, k = a.shape[:-2], a.shape[-1]
-    out = torch.baddbmm(
-        c.reshape(-1, *c.shape[-2:]), a.reshape(-1, *a.shape[-2:]), b.reshape(-1, k, b.shape[-1])
-    )
-    return out.view(*batch, *out.shape[-2:])
 
 
 def factor_products(n: int, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
